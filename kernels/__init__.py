@@ -1,0 +1,1 @@
+"""Triton kernels and their pure-torch references (installed as `dustin_kernels`)."""
