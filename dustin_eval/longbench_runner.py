@@ -1,0 +1,291 @@
+"""LongBench (v1) runner: prompts -> Generator -> per-sample predictions and scores -> summary.
+
+Layout under `out_dir`:
+    predictions/<policy>-<budget>/<dataset>.jsonl   one record per finished sample, appended as it
+                                                    finishes; a re-run skips the recorded `_id`s
+    predictions/<policy>-<budget>/run.json          metadata and provenance of each invocation
+    summary.csv, summary.md, summary.json           every dataset x policy x budget found there
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dustin_runtime.errors import DustinError
+
+from .generator import Generator, result_text
+from .jsonl import append_jsonl, read_jsonl, repair_jsonl
+from .longbench_config import DATASETS, max_new_tokens
+from .longbench_data import build_prompt, load_dataset, stop_ids
+from .longbench_metrics import dataset_score, score_sample
+from .results import markdown_table, provenance, write_csv, write_markdown, write_result_json
+
+_MATCH_KEYS = ("policy", "budget", "target", "draft", "max_length")
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """What a run is, recorded with every sample: policy, KV budget (None = full), model ids."""
+
+    policy: str
+    budget: int | None
+    target: str
+    draft: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_name(self) -> str:
+        name = f"{self.policy}-{'full' if self.budget is None else self.budget}"
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def _keys(samples: Sequence[dict]) -> list[str]:
+    # `_id` is the resume key; a repeated one gets "#k" so that no sample is lost.
+    seen: dict[str, int] = {}
+    keys = []
+    for s in samples:
+        k = str(s["_id"])
+        seen[k] = seen.get(k, 0) + 1
+        keys.append(k if seen[k] == 1 else f"{k}#{seen[k] - 1}")
+    return keys
+
+
+def _check_same_run(path: Path, records: list[dict], want: dict) -> None:
+    for r in records[:1]:
+        have = {k: r.get(k) for k in _MATCH_KEYS}
+        if have != want:
+            diff = ", ".join(
+                f"{k}={have[k]!r} (now {want[k]!r})" for k in _MATCH_KEYS if have[k] != want[k]
+            )
+            raise DustinError(
+                f"{path} holds another run's predictions: {diff}; use another output folder"
+            )
+
+
+def _write_run_json(run_dir: Path, meta: RunMeta, settings: dict) -> None:
+    path = run_dir / "run.json"
+    history = []
+    if path.exists():
+        try:
+            history = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])
+        except json.JSONDecodeError:
+            history = []
+    prov = provenance(models={"target": meta.target, "draft": meta.draft}, shapes=settings)
+    doc = {
+        "schema_version": 1,
+        "policy": meta.policy,
+        "budget": meta.budget,
+        "target": meta.target,
+        "draft": meta.draft,
+        "extra": dict(meta.extra),
+        "invocations": history + [prov],
+    }
+    tmp = path.with_name("run.json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def run_longbench(
+    generator: Generator,
+    tokenizer,
+    meta: RunMeta,
+    *,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    max_length: int,
+    datasets: Sequence[str] | None = None,
+    eos_ids: Sequence[int] | None = None,
+    batch_size: int = 1,
+    limit: int | None = None,
+    chat_template_kwargs: dict | None = None,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Run LongBench datasets through `generator`; return the summary rows of this run.
+
+    max_length: the model's context length; each prompt is middle-truncated to
+        `max_length - max_new_tokens[dataset]` tokens (before the chat template).
+    eos_ids: stop ids (default: the tokenizer's eos); samsum adds the newline token.
+    limit: only the first `limit` samples of each dataset.
+    Finished samples are appended to the predictions file at once; re-running with the same
+    arguments continues where a crash stopped. Writes summary.csv/md/json over all runs in out_dir.
+    """
+    datasets = list(datasets) if datasets else list(DATASETS)
+    if batch_size < 1:
+        raise DustinError(f"batch size must be >= 1, got {batch_size}")
+    if eos_ids is None:
+        if tokenizer.eos_token_id is None:
+            raise DustinError("the tokenizer has no eos token; pass eos_ids")
+        eos_ids = [tokenizer.eos_token_id]
+    run_dir = Path(out_dir) / "predictions" / meta.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "max_length": max_length,
+        "batch_size": batch_size,
+        "limit": limit,
+        "datasets": datasets,
+        "eos_ids": list(eos_ids),
+    }
+    _write_run_json(run_dir, meta, settings)
+    want = {
+        "policy": meta.policy,
+        "budget": meta.budget,
+        "target": meta.target,
+        "draft": meta.draft,
+        "max_length": max_length,
+    }
+
+    for dataset in datasets:
+        samples = load_dataset(data_dir, dataset, limit)
+        max_gen = max_new_tokens()[dataset]
+        if max_length - max_gen < 2:
+            raise DustinError(f"max length {max_length} leaves no room for {dataset}'s prompt")
+        path = run_dir / f"{dataset}.jsonl"
+        done = repair_jsonl(path)
+        _check_same_run(path, done, want)
+        done_keys = {r["_id"] for r in done}
+        pending = [
+            (k, s) for k, s in zip(_keys(samples), samples, strict=True) if k not in done_keys
+        ]
+        stops, min_new = stop_ids(tokenizer, dataset, eos_ids)
+        for start in range(0, len(pending), batch_size):
+            batch = pending[start : start + batch_size]
+            prompts = [
+                build_prompt(tokenizer, s, dataset, max_length - max_gen, chat_template_kwargs)
+                for _, s in batch
+            ]
+            results = generator.generate(
+                [p.ids for p in prompts], [max_gen] * len(batch), stops, min_new
+            )
+            if len(results) != len(batch):
+                raise DustinError(
+                    f"generator returned {len(results)} results for {len(batch)} prompts"
+                )
+            for (key, sample), prompt, result in zip(batch, prompts, results, strict=True):
+                pred = result_text(result, tokenizer)
+                record = {
+                    "_id": key,
+                    "dataset": dataset,
+                    **want,
+                    "pred": pred,
+                    "score": score_sample(dataset, pred, sample["answers"], sample["all_classes"]),
+                    "answers": sample["answers"],
+                    "all_classes": sample["all_classes"],
+                    "length": sample["length"],
+                    "prompt_tokens": len(prompt.ids),
+                    "raw_tokens": prompt.raw_tokens,
+                    "truncated": prompt.truncated,
+                    "new_tokens": len(result.tokens),
+                    "stats": dict(result.stats),
+                }
+                append_jsonl(path, record)
+                if on_record is not None:
+                    on_record(record)
+
+    rows = summarize_predictions(out_dir)
+    write_summary(
+        out_dir, rows, models={"target": meta.target, "draft": meta.draft}, shapes=settings
+    )
+    return [
+        r
+        for r in rows
+        if r["policy"] == meta.policy
+        and r["budget"] == meta.budget
+        and r["target"] == meta.target
+        and r["draft"] == meta.draft
+    ]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def summarize_predictions(out_dir: str | Path) -> list[dict]:
+    """One row per dataset x policy x budget x models: n, score (mean x 100), mean of each stat."""
+    groups: dict[tuple, list[dict]] = {}
+    for path in sorted((Path(out_dir) / "predictions").glob("*/*.jsonl")):
+        for r in read_jsonl(path):
+            key = (r["dataset"], r["policy"], r["budget"], r["target"], r["draft"])
+            groups.setdefault(key, []).append(r)
+    order = {d: i for i, d in enumerate(DATASETS)}
+    rows = []
+    for (dataset, policy, budget, target, draft), records in groups.items():
+        row: dict[str, Any] = {
+            "dataset": dataset,
+            "policy": policy,
+            "budget": budget,
+            "target": target,
+            "draft": draft,
+            "n": len(records),
+            "score": dataset_score([r["score"] for r in records]),
+        }
+        stat_keys = sorted(
+            {k for r in records for k, v in r.get("stats", {}).items() if _is_number(v)}
+        )
+        for k in stat_keys:
+            values = [r["stats"][k] for r in records if _is_number(r.get("stats", {}).get(k))]
+            row[f"mean_{k}"] = sum(values) / len(values)
+        rows.append(row)
+    rows.sort(
+        key=lambda r: (
+            r["policy"],
+            -1 if r["budget"] is None else r["budget"],
+            str(r["target"]),
+            str(r["draft"]),
+            order.get(r["dataset"], len(order)),
+        )
+    )
+    return rows
+
+
+def _label(row: Mapping[str, Any]) -> str:
+    budget = "full" if row["budget"] is None else row["budget"]
+    return f"{row['policy']}@{budget}"
+
+
+def pivot_scores(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Rows per dataset, a column per policy@budget, and the average over common datasets."""
+    labels = list(dict.fromkeys(_label(r) for r in rows))
+    datasets = [d for d in DATASETS if any(r["dataset"] == d for r in rows)]
+    datasets += sorted({r["dataset"] for r in rows} - set(datasets))
+    table = {(r["dataset"], _label(r)): r["score"] for r in rows}
+    out = [{"dataset": d, **{lab: table.get((d, lab)) for lab in labels}} for d in datasets]
+    common = [d for d in datasets if all((d, lab) in table for lab in labels)]
+    if common:
+        avg = {lab: round(sum(table[(d, lab)] for d in common) / len(common), 2) for lab in labels}
+        out.append({"dataset": f"average ({len(common)} datasets)", **avg})
+    return out
+
+
+def write_summary(
+    out_dir: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    models: Mapping[str, Any] | None = None,
+    shapes: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """summary.csv (long form), summary.md (pivot + long form), summary.json (with provenance)."""
+    out_dir = Path(out_dir)
+    prov = provenance(models=models, shapes=shapes)
+    paths = {
+        "csv": write_csv(out_dir / "summary.csv", rows),
+        "json": write_result_json(out_dir / "summary.json", rows, prov, benchmark="longbench-v1"),
+    }
+    long_cols = ["dataset", "policy", "budget", "n", "score"]
+    long_cols += [c for c in dict.fromkeys(k for r in rows for k in r) if c.startswith("mean_")]
+    paths["md"] = write_markdown(
+        out_dir / "summary.md",
+        "LongBench (v1) scores",
+        [
+            (
+                "Score (mean x 100) per dataset and policy@budget",
+                markdown_table(pivot_scores(rows)),
+            ),
+            ("Per run", markdown_table(rows, long_cols)),
+        ],
+        prov,
+    )
+    return paths

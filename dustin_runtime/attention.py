@@ -1,0 +1,120 @@
+"""The attention backend seam.
+
+The model computes q, k, v, writes k and v into the KV cache, then hands attention to a backend
+object. Backends: `TorchAttention` (pure-torch reference, any device), `TritonAttention` (split-KV
+Triton kernel for decode/verify on CUDA, SDPA for prefill). Sparse-verification policies and the
+profiler's recorders are backends too, so neither touches model code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dustin_runtime.kv_cache import KVCache
+
+
+@dataclass
+class ForwardContext:
+    """What one forward pass tells its attention backend."""
+
+    start: torch.Tensor  # [B] int32: cache rows before this pass (position of the first new token)
+    positions: torch.Tensor  # [B, T] int64: absolute positions of the new tokens
+    num_new: int  # T
+    phase: str  # "prefill" | "decode" | "verify" | "draft" | "score"
+    kv_len: int | None = None  # host-known bound on start + T (prefill only), lets backends slice
+    seq_index: int | None = None  # per-sequence prefill: which sequence of the batch this is
+    final: bool = False  # per-sequence prefill: the last chunk of this sequence's prompt
+
+
+class AttentionBackend:
+    """Interface: `attend` returns [B, H, T, D]; `begin`/`end` bracket one forward pass."""
+
+    def begin(self, ctx: ForwardContext) -> None:
+        """Called once before the first layer of a forward pass."""
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,  # [B, H, T, D], RoPE applied
+        k_new: torch.Tensor,  # [B, G, T, D], already written to cache at ctx.positions
+        v_new: torch.Tensor,  # [B, G, T, D]
+        cache: KVCache,
+        ctx: ForwardContext,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def end(self, ctx: ForwardContext) -> None:
+        """Called once after the last layer of a forward pass."""
+
+
+def reference_attention(
+    q: torch.Tensor,  # [B, H, T, D]
+    k: torch.Tensor,  # [B, G, N, D]
+    v: torch.Tensor,  # [B, G, N, D]
+    start: torch.Tensor,  # [B] int: query t of sequence b sits at position start[b] + t
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention in float32; row n is visible to query t iff n <= start[b] + t.
+    Returns [B, H, T, D] in q's dtype. (SDPA with a boolean mask: on CPU it matches Hugging
+    Face's SDPA path bit for bit.)"""
+    B, H, T, D = q.shape
+    N = k.shape[2]
+    qpos = start.view(B, 1).long() + torch.arange(T, device=q.device)  # [B, T]
+    visible = torch.arange(N, device=q.device).view(1, 1, N) <= qpos.unsqueeze(-1)  # [B, T, N]
+    out = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=visible.unsqueeze(1), scale=scale,
+        enable_gqa=k.shape[1] != H,
+    )
+    return out.to(q.dtype)
+
+
+def sdpa_prefill(
+    q: torch.Tensor,  # [1, H, T, D]
+    k: torch.Tensor,  # [1, G, S, D] with S = start + T rows valid
+    v: torch.Tensor,  # [1, G, S, D]
+) -> torch.Tensor:
+    """Prefill chunk of one sequence: SDPA with a lower-right causal mask (flash on CUDA)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    T, S = q.shape[2], k.shape[2]
+    r = q.shape[1] // k.shape[1]
+    if r > 1:
+        k = k.repeat_interleave(r, dim=1)
+        v = v.repeat_interleave(r, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
+
+
+class TorchAttention(AttentionBackend):
+    """Reference backend: exact float32 attention over the whole cache prefix."""
+
+    def attend(self, layer, q, k_new, v_new, cache, ctx):
+        k, v = cache.k[layer], cache.v[layer]
+        if ctx.kv_len is not None:
+            k, v = k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len]
+            if q.shape[0] == 1 and q.shape[2] == ctx.kv_len:  # a whole prompt at once: plain causal
+                out = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
+                )
+                return out.to(q.dtype)
+        return reference_attention(q, k, v, ctx.start)
+
+
+class TritonAttention(AttentionBackend):
+    """CUDA backend: the split-KV Triton kernel for decode and verify steps (graph-capturable),
+    SDPA (flash) for prefill chunks of one sequence."""
+
+    def attend(self, layer, q, k_new, v_new, cache, ctx):
+        k, v = cache.k[layer], cache.v[layer]
+        if ctx.phase == "prefill" and ctx.kv_len is not None and q.shape[0] == 1:
+            return sdpa_prefill(q, k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len])
+        from dustin_kernels import full_verify_attention
+
+        return full_verify_attention(q, k, v, ctx.start)
+
+
+def default_backend(device: torch.device | str) -> AttentionBackend:
+    """Triton kernels on CUDA, the torch reference elsewhere."""
+    return TritonAttention() if torch.device(device).type == "cuda" else TorchAttention()

@@ -1,0 +1,150 @@
+"""One decoder for the Llama family (Llama-3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2), gpt-fast style:
+fused QKV and gate/up projections, RMSNorm, RoPE, GQA through an attention backend, SwiGLU,
+tied or untied LM head. A forward pass processes T new tokens per sequence at per-sequence
+positions `cache.lengths[b] + t`, writes their K/V into the static cache and leaves the lengths
+alone: the caller commits (advances) or rolls back."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dustin_runtime.attention import AttentionBackend, ForwardContext
+from dustin_runtime.config import ModelConfig
+from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.rope import apply_rope, rope_table
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, d]
+        layer: int,
+        cos: torch.Tensor,  # [B, 1, T, D]
+        sin: torch.Tensor,  # [B, 1, T, D]
+        cache: KVCache,
+        backend: AttentionBackend,
+        ctx: ForwardContext,
+    ) -> torch.Tensor:
+        c = self.cfg
+        B, T, _ = x.shape
+        q, k, v = self.wqkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.view(B, T, c.num_heads, c.head_dim)
+        k = k.view(B, T, c.num_kv_heads, c.head_dim)
+        v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, G, T, D]
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, G, T, D]
+        cache.write(layer, k, v, ctx.positions)
+        o = backend.attend(layer, q, k, v, cache, ctx)  # [B, H, T, D]
+        return self.wo(o.transpose(1, 2).reshape(B, T, c.q_size))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate | up
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split([self.inter, self.inter], dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x, layer, cos, sin, cache, backend, ctx):
+        x = x + self.attn(self.attn_norm(x), layer, cos, sin, cache, backend, ctx)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The decoder. `forward` returns logits [B, T', V] (float32) for T' = T, 1 or no positions."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def setup_rope(self, max_len: int) -> None:
+        """Build the cos/sin table for positions [0, max_len) on the model's device."""
+        if self.rope.shape[1] < max_len:
+            self.rope = rope_table(self.cfg, max_len, self.device)
+
+    def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        """An empty static cache for this model (and a RoPE table long enough for it)."""
+        self.setup_rope(max_len)
+        return KVCache.allocate(self.cfg, batch, max_len, dtype=dtype or self.dtype, device=self.device)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] int64
+        cache: KVCache,
+        backend: AttentionBackend,
+        *,
+        phase: str = "decode",
+        logits: str = "all",  # "all" | "last" | "none"
+        kv_len: int | None = None,
+        seq_index: int | None = None,
+        final: bool = False,
+    ) -> torch.Tensor | None:
+        B, T = tokens.shape
+        start = cache.lengths.clone()  # [B] int32
+        positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
+        cos = self.rope[0][positions].unsqueeze(1)  # [B, 1, T, D]
+        sin = self.rope[1][positions].unsqueeze(1)
+        ctx = ForwardContext(start, positions, T, phase, kv_len, seq_index, final)
+        backend.begin(ctx)
+        x = self.embed(tokens)  # [B, T, d]
+        for i, block in enumerate(self.layers):
+            x = block(x, i, cos, sin, cache, backend, ctx)
+        backend.end(ctx)
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x)).float()

@@ -1,0 +1,72 @@
+"""Tokenizers through `AutoTokenizer` (folders and GGUF files), chat templates, and the check that a
+draft and a target share a vocabulary (positions and token ids must align)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+from dustin_runtime.errors import DustinError
+from dustin_runtime.loader import Checkpoint
+
+
+def load_tokenizer(ckpt: Checkpoint):
+    """The Hugging Face tokenizer of a checkpoint."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        if ckpt.kind == "gguf":
+            return AutoTokenizer.from_pretrained(str(ckpt.path.parent), gguf_file=ckpt.path.name)
+        return AutoTokenizer.from_pretrained(str(ckpt.path))
+    except Exception as e:
+        raise DustinError(f"{ckpt.model_id}: cannot load its tokenizer ({type(e).__name__}: {e})") from None
+
+
+def vocab_hash(tokenizer) -> str:
+    """A short hash of the token -> id map (special tokens included)."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def check_same_vocab(target_tok, draft_tok, target_id: str, draft_id: str) -> None:
+    """Refuse a draft whose tokenizer differs from the target's."""
+    if vocab_hash(target_tok) != vocab_hash(draft_tok):
+        raise DustinError(
+            f"draft {draft_id} and target {target_id} have different vocabularies "
+            f"({len(draft_tok)} vs {len(target_tok)} tokens): speculative decoding needs a shared tokenizer"
+        )
+
+
+def encode(tokenizer, text: str, *, chat: bool = False, system: str | None = None) -> list[int]:
+    """Token ids of a prompt; with `chat`, wrapped in the tokenizer's chat template as one user turn
+    with the generation prompt appended."""
+    if not text or not text.strip():
+        raise DustinError("empty prompt")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DustinError("this tokenizer has no chat template; drop --chat")
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}
+        ]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer.encode(text, add_special_tokens=True)
+
+
+def eos_ids(tokenizer, config_eos: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """End-of-sequence ids: the model config's plus the tokenizer's (and <|im_end|>/<|eot_id|> where
+    a chat template ends turns with them)."""
+    ids = set(config_eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
+        if t in vocab:
+            ids.add(int(vocab[t]))
+    return tuple(sorted(ids))
