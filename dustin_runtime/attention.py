@@ -25,8 +25,8 @@ class ForwardContext:
     num_new: int  # T
     phase: str  # "prefill" | "decode" | "verify" | "draft" | "score"
     kv_len: int | None = None  # host-known bound on start + T (prefill only), lets backends slice
-    seq_index: int | None = None  # per-sequence prefill: which sequence of the batch this is
-    final: bool = False  # per-sequence prefill: the last chunk of this sequence's prompt
+    rows: tuple[int, int] | None = None  # prefill: the batch rows [start, stop) this pass covers
+    final: bool = False  # prefill: the last chunk of these sequences' prompts
 
 
 class AttentionBackend:
@@ -72,11 +72,11 @@ def reference_attention(
 
 
 def sdpa_prefill(
-    q: torch.Tensor,  # [1, H, T, D]
-    k: torch.Tensor,  # [1, G, S, D] with S = start + T rows valid
-    v: torch.Tensor,  # [1, G, S, D]
+    q: torch.Tensor,  # [b, H, T, D]
+    k: torch.Tensor,  # [b, G, S, D] with S = start + T rows valid in every sequence
+    v: torch.Tensor,  # [b, G, S, D]
 ) -> torch.Tensor:
-    """Prefill chunk of one sequence: SDPA with a lower-right causal mask (flash on CUDA)."""
+    """Prefill chunk of sequences at equal lengths: SDPA with a lower-right causal mask."""
     from torch.nn.attention.bias import causal_lower_right
 
     T, S = q.shape[2], k.shape[2]
@@ -94,7 +94,7 @@ class TorchAttention(AttentionBackend):
         k, v = cache.k[layer], cache.v[layer]
         if ctx.kv_len is not None:
             k, v = k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len]
-            if q.shape[0] == 1 and q.shape[2] == ctx.kv_len:  # a whole prompt at once: plain causal
+            if q.shape[2] == ctx.kv_len:  # whole prompts of equal length at once: plain causal
                 out = F.scaled_dot_product_attention(
                     q.float(), k.float(), v.float(), is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
                 )
@@ -108,7 +108,7 @@ class TritonAttention(AttentionBackend):
 
     def attend(self, layer, q, k_new, v_new, cache, ctx):
         k, v = cache.k[layer], cache.v[layer]
-        if ctx.phase == "prefill" and ctx.kv_len is not None and q.shape[0] == 1:
+        if ctx.phase == "prefill" and ctx.kv_len is not None:
             return sdpa_prefill(q, k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len])
         from dustin_kernels import full_verify_attention
 

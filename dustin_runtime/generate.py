@@ -65,21 +65,26 @@ def prefill(
     chunk: int = PREFILL_CHUNK,
     tail: int = 0,
 ) -> None:
-    """Write every prompt token but the last into the cache, one sequence at a time, in chunks (no
-    N x N score matrix). With `tail` > 0 the last `tail` of those tokens form their own final chunk
-    (a policy can take its first target-history signal from those queries)."""
-    for b, ids in enumerate(prompts):
-        seq = cache.sequence(b)
-        ids = ids[:-1]
-        cut = max(len(ids) - tail, 0) if tail else len(ids)
+    """Write every prompt token but the last into the cache, in chunks (no N x N score matrix).
+    Consecutive prompts of equal length go through together; others one run at a time. With
+    `tail` > 0 the last `tail` of those tokens form their own final chunk (a policy can take its
+    first target-history signal from those queries)."""
+    b = 0
+    while b < len(prompts):
+        e = b + 1
+        while e < len(prompts) and len(prompts[e]) == len(prompts[b]):
+            e += 1
+        ids = torch.tensor([p[:-1] for p in prompts[b:e]], dtype=torch.long, device=model.device)
+        view, n = cache.rows(b, e), ids.shape[1]
+        cut = max(n - tail, 0) if tail else n
         bounds = [(s, min(s + chunk, cut)) for s in range(0, cut, chunk)]
-        if cut < len(ids):
-            bounds.append((cut, len(ids)))
-        for s, e in bounds:
-            part = torch.tensor(ids[s:e], dtype=torch.long, device=model.device).view(1, -1)
-            model(part, seq, backend, phase="prefill", logits="none", kv_len=e,
-                  seq_index=b, final=e == len(ids))
-            seq.advance(e - s)
+        if cut < n:
+            bounds.append((cut, n))
+        for s, stop in bounds:
+            model(ids[:, s:stop], view, backend, phase="prefill", logits="none", kv_len=stop,
+                  rows=(b, e), final=stop == n)
+            view.advance(stop - s)
+        b = e
 
 
 class Bookkeeper:

@@ -68,10 +68,14 @@ class KVCache:
         """Set all lengths in place (rollback or commit), keeping the tensor's address."""
         self.lengths.copy_(lengths)
 
-    def sequence(self, b: int) -> KVCache:
-        """A view of sequence b as a batch-1 cache (no copy): used by per-sequence prefill."""
+    def rows(self, start: int, stop: int) -> KVCache:
+        """A view of sequences [start, stop) as a smaller cache (no copy): used by prefill."""
         return KVCache(
-            [t[b : b + 1] for t in self.k],
-            [t[b : b + 1] for t in self.v],
-            self.lengths[b : b + 1],
+            [t[start:stop] for t in self.k],
+            [t[start:stop] for t in self.v],
+            self.lengths[start:stop],
         )
+
+    def sequence(self, b: int) -> KVCache:
+        """A view of sequence b as a batch-1 cache (no copy)."""
+        return self.rows(b, b + 1)

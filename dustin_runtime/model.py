@@ -129,7 +129,7 @@ class Transformer(nn.Module):
         phase: str = "decode",
         logits: str = "all",  # "all" | "last" | "none"
         kv_len: int | None = None,
-        seq_index: int | None = None,
+        rows: tuple[int, int] | None = None,
         final: bool = False,
     ) -> torch.Tensor | None:
         B, T = tokens.shape
@@ -137,7 +137,7 @@ class Transformer(nn.Module):
         positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
         cos = self.rope[0][positions].unsqueeze(1)  # [B, 1, T, D]
         sin = self.rope[1][positions].unsqueeze(1)
-        ctx = ForwardContext(start, positions, T, phase, kv_len, seq_index, final)
+        ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
         backend.begin(ctx)
         x = self.embed(tokens)  # [B, T, d]
         for i, block in enumerate(self.layers):

@@ -1,0 +1,165 @@
+"""Text in, text out: load a target (and a draft), tokenise prompts, decode, detokenise. The CLI and
+the evaluation harnesses call this; it holds no policy of its own (policies arrive as `SpecHooks`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dustin_runtime.errors import DustinError
+from dustin_runtime.generate import generate
+from dustin_runtime.loader import Checkpoint, load_model, parse_dtype, resolve_checkpoint
+from dustin_runtime.model import Transformer
+from dustin_runtime.sampling import SamplingConfig
+from dustin_runtime.speculative import SpecHooks, speculative_generate
+from dustin_runtime.stats import DecodeStats
+from dustin_runtime.tokenizer import check_same_vocab, encode, eos_ids, load_tokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A model with its checkpoint and tokenizer."""
+
+    model: Transformer
+    ckpt: Checkpoint
+    tokenizer: object
+
+    @property
+    def model_id(self) -> str:
+        return self.ckpt.model_id
+
+
+def pick_device(device: str | None) -> str:
+    """'cuda' when available and not overridden, else 'cpu'; refuses cuda without a GPU."""
+    if device is None or device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DustinError("--device cuda asked for, but no CUDA GPU is visible")
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise DustinError(f"unknown device {device!r}; use cpu or cuda")
+    return device
+
+
+def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
+    """bf16 on CUDA and fp32 on CPU unless given."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return parse_dtype(dtype)
+
+
+def load(spec: str, *, dtype: torch.dtype, device: str) -> LoadedModel:
+    """Resolve, load and attach the tokenizer of one checkpoint."""
+    ckpt = resolve_checkpoint(spec)
+    model, ckpt = load_model(ckpt, dtype=dtype, device=device)
+    return LoadedModel(model, ckpt, load_tokenizer(ckpt))
+
+
+def load_pair(
+    target: str, draft: str | None, *, dtype: torch.dtype, device: str
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """Target and optional draft; refuses a draft whose vocabulary differs from the target's."""
+    t = load(target, dtype=dtype, device=device)
+    if draft is None:
+        return t, None
+    d = load(draft, dtype=dtype, device=device)
+    check_same_vocab(t.tokenizer, d.tokenizer, t.model_id, d.model_id)
+    return t, d
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One prompt of a batch and its own new-token limit."""
+
+    text: str
+    max_new_tokens: int
+
+
+def read_prompts(
+    prompt: str | None, prompt_file: Path | None, batch_file: Path | None, max_new_tokens: int
+) -> list[PromptSpec]:
+    """Prompts from exactly one of --prompt, --prompt-file (whole file = one prompt) and
+    --batch-file (JSONL: {"prompt": str, "max_new_tokens": int?} per line)."""
+    given = [x is not None for x in (prompt, prompt_file, batch_file)]
+    if sum(given) != 1:
+        raise DustinError("give exactly one of --prompt, --prompt-file, --batch-file")
+    if prompt is not None:
+        return [PromptSpec(prompt, max_new_tokens)]
+    path = prompt_file or batch_file
+    if not path.is_file():
+        raise DustinError(f"{path}: no such file")
+    if prompt_file is not None:
+        return [PromptSpec(path.read_text(), max_new_tokens)]
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            out.append(PromptSpec(str(rec["prompt"]), int(rec.get("max_new_tokens", max_new_tokens))))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise DustinError(f"{path}:{i}: expected a JSON object with a \"prompt\" string") from None
+    if not out:
+        raise DustinError(f"{path}: no prompts")
+    return out
+
+
+@dataclass
+class DecodeOutput:
+    """Per-sequence tokens and text, and the run's statistics."""
+
+    prompt_tokens: list[list[int]]
+    tokens: list[list[int]]
+    texts: list[str]
+    finish_reasons: list[str]
+    stats: DecodeStats
+    meta: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        """The JSON record `dustin decode --json` prints."""
+        return {
+            "tokens": self.tokens,
+            "text": self.texts,
+            "finish_reasons": self.finish_reasons,
+            "stats": self.stats.to_dict(),
+            **self.meta,
+        }
+
+
+def decode(
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    prompts: list[PromptSpec],
+    *,
+    gamma: int = 4,
+    sampling: SamplingConfig = SamplingConfig(),
+    chat: bool = False,
+    seed: int = 0,
+    hooks: SpecHooks | None = None,
+) -> DecodeOutput:
+    """Decode a batch of text prompts: autoregressive without a draft, speculative with one."""
+    tok = target.tokenizer
+    ids = [encode(tok, p.text, chat=chat) for p in prompts]
+    max_new = [p.max_new_tokens for p in prompts]
+    eos = eos_ids(tok, target.model.cfg.eos_token_ids)
+    if draft is None:
+        if hooks is not None:
+            raise DustinError("a verification policy needs a draft (--draft)")
+        res = generate(target.model, ids, max_new, sampling=sampling, eos_ids=eos, seed=seed)
+    else:
+        res = speculative_generate(
+            target.model, draft.model, ids, max_new, gamma=gamma, sampling=sampling,
+            eos_ids=eos, hooks=hooks, seed=seed,
+        )
+    texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
+    meta = {
+        "target": target.model_id,
+        "draft": draft.model_id if draft else None,
+        "device": str(target.model.device),
+        "dtype": str(target.model.dtype).removeprefix("torch."),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+    }
+    return DecodeOutput(ids, res.tokens, texts, res.finish_reasons, res.stats, meta)

@@ -1,0 +1,136 @@
+"""Autoregressive and speculative decoding: greedy equivalence, exact rejection sampling, EOS and
+length limits per sequence."""
+
+import math
+
+import pytest
+import torch
+
+from dustin_runtime.attention import TorchAttention
+from dustin_runtime.generate import generate
+from dustin_runtime.loader import load_model
+from dustin_runtime.sampling import SamplingConfig, speculative_accept
+from dustin_runtime.speculative import speculative_generate
+
+
+@pytest.fixture
+def pair(tiny_hf):
+    """A target and a draft sharing the vocabulary; the draft is the target with noisy weights, so
+    it agrees often but not always."""
+    tfolder, _ = tiny_hf("llama3", seed=11)
+    target, _ = load_model(str(tfolder))
+    draft, _ = load_model(str(tfolder))
+    g = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.6 * p.std() * torch.randn(p.shape, generator=g))
+    return target, draft
+
+
+PROMPTS = [[5, 9, 17, 3], [44, 2, 8, 90, 13, 7, 7, 21, 60, 1, 33], [100]]
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_speculative_equals_greedy_autoregressive(pair, gamma):
+    target, draft = pair
+    ar = generate(target, PROMPTS, [20, 31, 25])
+    sd = speculative_generate(target, draft, PROMPTS, [20, 31, 25], gamma=gamma)
+    assert sd.tokens == ar.tokens
+    assert [len(t) for t in sd.tokens] == [20, 31, 25]
+    acc = [a for row in sd.stats.accepted for a in row if a >= 0]
+    assert min(acc) == 0 and max(acc) >= 1  # the draft is rejected sometimes and accepted sometimes
+    assert sd.stats.steps < 31  # speculation saved target passes
+
+
+def test_eos_and_max_new_per_sequence(pair):
+    target, draft = pair
+    ar = generate(target, PROMPTS, 12)
+    eos = ar.tokens[1][4]  # a token the target emits as 5th token of sequence 1
+    ar_eos = generate(target, PROMPTS, [12, 12, 3], eos_ids=(eos,))
+    sd_eos = speculative_generate(target, draft, PROMPTS, [12, 12, 3], gamma=4, eos_ids=(eos,))
+    assert sd_eos.tokens == ar_eos.tokens
+    first = ar.tokens[1].index(eos)
+    assert ar_eos.tokens[1] == ar.tokens[1][: first + 1] and ar_eos.finish_reasons[1] == "eos"
+    assert len(ar_eos.tokens[2]) == 3 or ar_eos.finish_reasons[2] == "eos"
+
+
+def test_batch_results_equal_single_sequence_results(pair):
+    target, draft = pair
+    batched = speculative_generate(target, draft, PROMPTS, 15, gamma=3)
+    for b, p in enumerate(PROMPTS):
+        alone = speculative_generate(target, draft, [p], 15, gamma=3)
+        assert alone.tokens[0] == batched.tokens[b]
+
+
+def _chi2_ok(counts: torch.Tensor, probs: torch.Tensor, n: int) -> tuple[float, float]:
+    """Chi-square statistic (cells with expectation < 5 pooled) and its 1e-4 critical value
+    (Wilson-Hilferty)."""
+    exp = probs * n
+    small = exp < 5
+    obs = torch.cat([counts[~small].double(), counts[small].sum().view(1).double()])
+    ex = torch.cat([exp[~small], exp[small].sum().view(1)])
+    keep = ex > 0
+    stat = (((obs - ex) ** 2)[keep] / ex[keep]).sum().item()
+    df = int(keep.sum()) - 1
+    z = 3.719  # one-sided 1e-4
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, crit
+
+
+def test_rejection_sampling_first_token_distribution():
+    """speculative_accept's first emitted token is distributed as p, whatever q is."""
+    g = torch.Generator().manual_seed(0)
+    V, K, N = 12, 3, 200_000
+    p_logits = torch.randn(1, K + 1, V, generator=g) * 1.5
+    q = torch.softmax(torch.randn(1, K, V, generator=g) * 1.5, -1)
+    drafts = torch.multinomial(q[0].repeat(N, 1), 1, generator=g).view(N, K)  # d_i ~ q_i
+    # the draft distribution does not depend on earlier drafts here, which is a valid special case
+    n, nxt = speculative_accept(drafts, q.expand(N, K, V), p_logits.expand(N, K + 1, V),
+                                SamplingConfig(temperature=1.0), g)
+    first = torch.where(n > 0, drafts[:, 0], nxt)
+    counts = torch.bincount(first, minlength=V)
+    stat, crit = _chi2_ok(counts, torch.softmax(p_logits[0, 0].double(), -1), N)
+    assert stat < crit, (stat, crit)
+    # the first draft is accepted with probability sum_x min(p(x), q(x)) (Leviathan et al., eq. 1)
+    overlap = torch.minimum(torch.softmax(p_logits[0, 0], -1), q[0, 0]).sum().item()
+    assert abs((n > 0).float().mean().item() - overlap) < 0.01
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.8, top_p=0.9)])
+def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, sampling):
+    """End to end: the joint law of two sampled tokens equals the target's, computed exactly."""
+    tfolder, _ = tiny_hf("qwen3", seed=21, vocab_size=9)
+    dfolder, _ = tiny_hf("qwen3", seed=22, vocab_size=9)
+    target, _ = load_model(str(tfolder))
+    draft, _ = load_model(str(dfolder))
+    prompt, N, V = [3, 1, 4, 1, 5], 6000, 9
+    out = speculative_generate(target, draft, [prompt] * N, 2, gamma=2, sampling=sampling, seed=5)
+    pairs = torch.tensor([t[0] * V + t[1] for t in out.tokens])
+    counts = torch.bincount(pairs, minlength=V * V)
+    from dustin_runtime.sampling import probs_from_logits
+
+    with torch.no_grad():
+        lg = target(torch.tensor([prompt]), target.allocate_cache(1, 8), TorchAttention(), phase="prefill")
+        p1 = probs_from_logits(lg[0, -1], sampling).double()  # [V]
+        seqs = torch.tensor([prompt + [t] for t in range(V)])
+        lg2 = target(seqs, target.allocate_cache(V, 8), TorchAttention(), phase="prefill")
+        p2 = probs_from_logits(lg2[:, -1], sampling).double()  # [V, V]
+    joint = (p1.view(V, 1) * p2).flatten()
+    stat, crit = _chi2_ok(counts, joint, N)
+    assert stat < crit, (stat, crit)
+    acc = [a for row in out.stats.accepted for a in row if a >= 0]
+    assert 0 < sum(acc) < 2 * len(acc)  # some drafts accepted, some rejected
+
+
+def test_stats_are_consistent(pair):
+    target, draft = pair
+    out = speculative_generate(target, draft, PROMPTS, [9, 13, 4], gamma=3)
+    s = out.stats.to_dict()
+    assert s["new_tokens"] == [9, 13, 4]
+    assert s["mode"] == "speculative" and s["gamma"] == 3
+    assert all(k in s["seconds"] for k in ("prefill", "draft", "verify", "other", "total"))
+    assert 0 <= s["mean_accepted"] <= 3 and s["tokens_per_s"] > 0
+    # every live (sequence, step) pair emitted accepted + 1 tokens; the sum covers what was produced
+    for b, want in enumerate([9, 13, 4]):
+        emitted = sum(row[b] + 1 for row in out.stats.accepted if row[b] >= 0)
+        assert emitted >= want
