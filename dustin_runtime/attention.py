@@ -1,7 +1,7 @@
 """The attention backend seam.
 
-The model computes q, k, v, writes k and v into the KV cache, then hands attention to a backend
-object. Backends: `TorchAttention` (pure-torch reference, any device), `TritonAttention` (split-KV
+The model computes q, k, v, writes k and v into the KV cache at the new tokens' positions, then
+hands attention to a backend object: `attend(layer, q, cache, ctx)`. Backends: `TorchAttention` (pure-torch reference, any device), `TritonAttention` (split-KV
 Triton kernel for decode/verify on CUDA, SDPA for prefill). Sparse-verification policies and the
 profiler's recorders are backends too, so neither touches model code.
 """
@@ -39,9 +39,7 @@ class AttentionBackend:
         self,
         layer: int,
         q: torch.Tensor,  # [B, H, T, D], RoPE applied
-        k_new: torch.Tensor,  # [B, G, T, D], already written to cache at ctx.positions
-        v_new: torch.Tensor,  # [B, G, T, D]
-        cache: KVCache,
+        cache: KVCache,  # the new tokens' K/V are already in it, at rows ctx.positions
         ctx: ForwardContext,
     ) -> torch.Tensor:
         raise NotImplementedError
@@ -90,7 +88,7 @@ def sdpa_prefill(
 class TorchAttention(AttentionBackend):
     """Reference backend: exact float32 attention over the whole cache prefix."""
 
-    def attend(self, layer, q, k_new, v_new, cache, ctx):
+    def attend(self, layer, q, cache, ctx):
         k, v = cache.k[layer], cache.v[layer]
         if ctx.kv_len is not None:
             k, v = k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len]
@@ -106,7 +104,7 @@ class TritonAttention(AttentionBackend):
     """CUDA backend: the split-KV Triton kernel for decode and verify steps (graph-capturable),
     SDPA (flash) for prefill chunks of one sequence."""
 
-    def attend(self, layer, q, k_new, v_new, cache, ctx):
+    def attend(self, layer, q, cache, ctx):
         k, v = cache.k[layer], cache.v[layer]
         if ctx.phase == "prefill" and ctx.kv_len is not None:
             return sdpa_prefill(q, k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len])

@@ -6,6 +6,9 @@ alone: the caller commits (advances) or rolls back."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +31,17 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+@dataclass
+class Rope:
+    """What the layers of one forward pass need for RoPE: the cos/sin table for the fused kernel
+    path, or the gathered cos/sin [B, 1, T, D] for the reference path."""
+
+    fused: bool
+    table: torch.Tensor  # [2, N, D]
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -42,24 +56,31 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [B, T, d]
         layer: int,
-        cos: torch.Tensor,  # [B, 1, T, D]
-        sin: torch.Tensor,  # [B, 1, T, D]
+        rope: Rope,
         cache: KVCache,
         backend: AttentionBackend,
         ctx: ForwardContext,
     ) -> torch.Tensor:
         c = self.cfg
         B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.view(B, T, c.num_heads, c.head_dim)
-        k = k.view(B, T, c.num_kv_heads, c.head_dim)
-        v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, G, T, D]
-        if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, G, T, D]
-        cache.write(layer, k, v, ctx.positions)
-        o = backend.attend(layer, q, k, v, cache, ctx)  # [B, H, T, D]
+        qkv = self.wqkv(x)  # [B, T, (H + 2G) * D]
+        if rope.fused:
+            from dustin_kernels.layer_ops import rope_qkv_to_cache
+
+            qn, kn = (self.q_norm.weight, self.k_norm.weight) if c.qk_norm else (None, None)
+            q = rope_qkv_to_cache(qkv, rope.table, ctx.positions, cache.k[layer], cache.v[layer],
+                                  c.num_heads, qn, kn, c.rms_eps)  # [B, H, T, D]
+        else:
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = q.view(B, T, c.num_heads, c.head_dim)
+            k = k.view(B, T, c.num_kv_heads, c.head_dim)
+            v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, G, T, D]
+            if c.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = apply_rope(q.transpose(1, 2), rope.cos, rope.sin)  # [B, H, T, D]
+            k = apply_rope(k.transpose(1, 2), rope.cos, rope.sin)  # [B, G, T, D]
+            cache.write(layer, k, v, ctx.positions)
+        o = backend.attend(layer, q, cache, ctx)  # [B, H, T, D]
         return self.wo(o.transpose(1, 2).reshape(B, T, c.q_size))
 
 
@@ -70,7 +91,11 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate | up
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        if fused:
+            from dustin_kernels.layer_ops import swiglu
+
+            return self.w2(swiglu(self.w13(x)))
         gate, up = self.w13(x).split([self.inter, self.inter], dim=-1)
         return self.w2(F.silu(gate) * up)
 
@@ -83,8 +108,14 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(self, x, layer, cos, sin, cache, backend, ctx):
-        x = x + self.attn(self.attn_norm(x), layer, cos, sin, cache, backend, ctx)
+    def forward(self, x, layer, rope, cache, backend, ctx):
+        if rope.fused:
+            from dustin_kernels.layer_ops import add_rms_norm, rms_norm
+
+            h = self.attn(rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), layer, rope, cache, backend, ctx)
+            x, y = add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps)
+            return x + self.ffn(y, fused=True)
+        x = x + self.attn(self.attn_norm(x), layer, rope, cache, backend, ctx)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -101,6 +132,14 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
+        self.fused = False  # fused Triton layer ops (set by `use_kernels`; CUDA only)
+
+    def use_kernels(self, on: bool = True) -> Transformer:
+        """Run norms, SwiGLU and RoPE + cache writes through the fused Triton kernels."""
+        runnable = self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        d = self.cfg.head_dim
+        self.fused = on and runnable and d >= 8 and d & (d - 1) == 0
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -135,16 +174,22 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         start = cache.lengths.clone()  # [B] int32
         positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
-        cos = self.rope[0][positions].unsqueeze(1)  # [B, 1, T, D]
-        sin = self.rope[1][positions].unsqueeze(1)
+        if self.fused:
+            rope = Rope(True, self.rope)
+        else:
+            rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
         backend.begin(ctx)
         x = self.embed(tokens)  # [B, T, d]
         for i, block in enumerate(self.layers):
-            x = block(x, i, cos, sin, cache, backend, ctx)
+            x = block(x, i, rope, cache, backend, ctx)
         backend.end(ctx)
         if logits == "none":
             return None
         if logits == "last":
             x = x[:, -1:]
+        if self.fused:
+            from dustin_kernels.layer_ops import rms_norm
+
+            return self.lm_head(rms_norm(x, self.norm.weight, self.norm.eps)).float()
         return self.lm_head(self.norm(x)).float()

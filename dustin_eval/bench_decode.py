@@ -1,0 +1,234 @@
+"""`dustin bench decode`: one step of each decoding phase of our runtime on the GPU, at a real model
+shape with random weights (timings do not depend on values), next to its byte or FLOP floor.
+
+Phases: target decode step (1 token per sequence), target verification step (gamma + 1 tokens),
+draft step (1 token), prefill chunk (one sequence, `chunk` tokens at the end of the context).
+Decode-type steps run as CUDA graphs (as the runtime would replay them), timed over many replays
+after warm-up; the floor is (weights + KV bytes read) / copy bandwidth measured in the same run.
+Optionally Hugging Face transformers (StaticCache, SDPA) is timed on the same shapes in the same
+process as the baseline."""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from dustin_runtime.attention import TritonAttention
+from dustin_runtime.errors import DustinError
+from dustin_runtime.loader import random_model
+from dustin_runtime.model import Transformer
+from dustin_runtime.presets import default_draft, preset
+
+
+@dataclass(frozen=True)
+class DecodeBenchConfig:
+    """What to time."""
+
+    config: str = "qwen2.5-7b"
+    draft: str | None = None  # default: the usual draft of `config`
+    batch: int = 16
+    context: int = 32768
+    gamma: int = 4
+    prefill_chunk: int = 2048
+    replays: int = 30
+    hf_baseline: bool = False
+
+
+def _events_ms(fn: Callable[[], object], reps: int) -> dict:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1], "reps": reps}
+
+
+def _graph_step(fn: Callable[[], object], replays: int) -> dict:
+    """Warm up on a side stream, capture `fn` in a CUDA graph, time its replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    out = _events_ms(graph.replay, replays)
+    out["eager_ms"] = _events_ms(fn, max(3, replays // 5))["median_ms"]
+    del graph
+    return out
+
+
+def _fill_cache(model: Transformer, batch: int, context: int, extra: int):
+    cache = model.allocate_cache(batch, context + extra)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for t in cache.k + cache.v:
+        t.normal_(0.0, 1.0, generator=g)
+    cache.lengths.fill_(context)
+    return cache
+
+
+def _weights_bytes(model: Transformer) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _record(name: str, timing: dict, floor_bytes: int | None, copy_tbps: float, flops: float | None = None,
+            matmul_tflops: float | None = None) -> dict:
+    rec = {"phase": name, **timing}
+    if floor_bytes is not None:
+        floor = floor_bytes / (copy_tbps * 1e12) * 1e3
+        rec.update(bytes=floor_bytes, floor_ms=floor, fraction_of_floor=floor / timing["median_ms"],
+                   tbps=floor_bytes / (timing["median_ms"] * 1e-3) / 1e12)
+    if flops is not None:
+        floor = flops / (matmul_tflops * 1e12) * 1e3
+        rec.update(flops=flops, floor_ms=floor, fraction_of_floor=floor / timing["median_ms"],
+                   tflops=flops / (timing["median_ms"] * 1e-3) / 1e12)
+    return rec
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """bf16 n x n x n matrix product rate on random data (median of events)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    ms = _events_ms(lambda: a @ b, 10)["median_ms"]
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def _time_model_steps(cfg: DecodeBenchConfig, name: str, model_cfg, copy_tbps: float, *, verify: bool) -> list[dict]:
+    model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
+    cache = _fill_cache(model, cfg.batch, cfg.context, cfg.gamma + 2)
+    backend = TritonAttention()
+    w = _weights_bytes(model)
+    kv = cfg.batch * cfg.context * model_cfg.kv_bytes_per_token(2)
+    recs = []
+    tok1 = torch.randint(0, model_cfg.vocab_size, (cfg.batch, 1), device="cuda")
+    t = _graph_step(lambda: model(tok1, cache, backend, phase="decode"), cfg.replays)
+    recs.append(_record(f"{name} decode step (1 token)", t, w + kv, copy_tbps))
+    if verify:
+        tokv = torch.randint(0, model_cfg.vocab_size, (cfg.batch, cfg.gamma + 1), device="cuda")
+        t = _graph_step(lambda: model(tokv, cache, backend, phase="verify"), cfg.replays)
+        recs.append(_record(f"{name} verify step ({cfg.gamma + 1} tokens)", t, w + kv, copy_tbps))
+    del cache, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return recs
+
+
+def _time_prefill(cfg: DecodeBenchConfig, model_cfg, tflops: float) -> dict:
+    model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
+    cache = _fill_cache(model, 1, cfg.context - cfg.prefill_chunk, cfg.prefill_chunk + 2)
+    backend = TritonAttention()
+    c = cfg.prefill_chunk
+    tok = torch.randint(0, model_cfg.vocab_size, (1, c), device="cuda")
+    start = cfg.context - c
+
+    def step():
+        cache.lengths.fill_(start)
+        model(tok, cache, backend, phase="prefill", logits="none", kv_len=cfg.context)
+
+    for _ in range(2):
+        step()
+    t = _events_ms(step, 5)
+    params = model_cfg.num_params() - model_cfg.vocab_size * model_cfg.hidden_size  # no LM head in prefill
+    attn = 4 * model_cfg.num_layers * model_cfg.num_heads * model_cfg.head_dim * c * (start + c / 2)
+    rec = _record(f"target prefill chunk ({c} tokens at {start})", t, None, 0.0, 2 * params * c + attn, tflops)
+    rec["tokens_per_s"] = c / (t["median_ms"] * 1e-3)
+    del cache, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rec
+
+
+def _time_hf(cfg: DecodeBenchConfig, model_cfg, copy_tbps: float) -> dict:
+    """Hugging Face transformers, random weights, StaticCache filled to `context`, SDPA, eager."""
+    from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+
+    hf_cfg = AutoConfig.for_model(
+        model_cfg.arch, vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+        max_position_embeddings=max(model_cfg.max_position_embeddings, cfg.context + 8),
+        tie_word_embeddings=model_cfg.tie_word_embeddings, attn_implementation="sdpa",
+    )
+    with torch.device("cuda"):
+        hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).eval()
+    cache = StaticCache(config=hf_cfg, max_cache_len=cfg.context + 8)
+    ids = torch.randint(0, model_cfg.vocab_size, (cfg.batch, 1), device="cuda")
+    pos = torch.tensor([cfg.context], device="cuda")
+    with torch.inference_mode():
+        hf(ids, past_key_values=cache, cache_position=pos, use_cache=True)  # allocates the layers
+        for layer in cache.layers:
+            layer.keys.normal_()
+            layer.values.normal_()
+
+        def step():
+            hf(ids, past_key_values=cache, cache_position=pos, use_cache=True)
+
+        step()
+        t = _events_ms(step, 5)
+    w = sum(p.numel() * p.element_size() for p in hf.parameters())
+    kv = cfg.batch * cfg.context * model_cfg.kv_bytes_per_token(2)
+    del hf, cache
+    gc.collect()
+    torch.cuda.empty_cache()
+    return _record("transformers decode step (StaticCache, SDPA, eager)", t, w + kv, copy_tbps)
+
+
+def run_decode_bench(cfg: DecodeBenchConfig, command: str) -> dict:
+    """Time every phase; returns the result record (also what gets written as JSON)."""
+    if not torch.cuda.is_available():
+        raise DustinError("dustin bench decode needs a CUDA GPU")
+    from dustin_eval.bench_attention import copy_bandwidth_tbps, environment
+
+    tcfg = preset(cfg.config)
+    dname = cfg.draft or default_draft(cfg.config)
+    dcfg = preset(dname)
+    if dcfg.vocab_size != tcfg.vocab_size and dcfg.arch != tcfg.arch:
+        raise DustinError(f"draft shape {dname} does not fit target shape {cfg.config}")
+    copy = copy_bandwidth_tbps()
+    tflops = matmul_tflops()
+    records = _time_model_steps(cfg, "target", tcfg, copy["tbps"], verify=True)
+    records += _time_model_steps(cfg, "draft", dcfg, copy["tbps"], verify=False)
+    records.append(_time_prefill(cfg, tcfg, tflops))
+    if cfg.hf_baseline:
+        records.append(_time_hf(cfg, tcfg, copy["tbps"]))
+        ours = records[0]["median_ms"]
+        records[-1]["ours_speedup"] = records[-1]["median_ms"] / ours
+    return {
+        "benchmark": "decode",
+        "config": asdict(cfg) | {"draft": dname},
+        "models": {"target": {"shape": cfg.config, "id": tcfg.name, "params": tcfg.num_params()},
+                   "draft": {"shape": dname, "id": dcfg.name, "params": dcfg.num_params()},
+                   "weights": "random (N(0, 0.02)), bf16"},
+        "copy_tbps": copy["tbps"],
+        "matmul_tflops": tflops,
+        "records": records,
+        "environment": environment(command),
+    }
+
+
+def result_path(out_dir: Path, cfg: DecodeBenchConfig) -> Path:
+    return Path(out_dir) / f"decode-{cfg.config}-{cfg.context}-{cfg.batch}.json"
+
+
+def write_result(res: dict, out_dir: Path, cfg: DecodeBenchConfig) -> Path:
+    path = result_path(out_dir, cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2))
+    return path
