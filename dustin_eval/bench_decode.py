@@ -124,9 +124,6 @@ def _time_model_steps(cfg: DecodeBenchConfig, name: str, model_cfg, copy_tbps: f
         tokv = torch.randint(0, model_cfg.vocab_size, (cfg.batch, cfg.gamma + 1), device="cuda")
         t = _graph_step(lambda: model(tokv, cache, backend, phase="verify"), cfg.replays)
         recs.append(_record(f"{name} verify step ({cfg.gamma + 1} tokens)", t, w + kv, copy_tbps))
-    del cache, model
-    gc.collect()
-    torch.cuda.empty_cache()
     return recs
 
 
@@ -149,9 +146,6 @@ def _time_prefill(cfg: DecodeBenchConfig, model_cfg, tflops: float) -> dict:
     attn = 4 * model_cfg.num_layers * model_cfg.num_heads * model_cfg.head_dim * c * (start + c / 2)
     rec = _record(f"target prefill chunk ({c} tokens at {start})", t, None, 0.0, 2 * params * c + attn, tflops)
     rec["tokens_per_s"] = c / (t["median_ms"] * 1e-3)
-    del cache, model
-    gc.collect()
-    torch.cuda.empty_cache()
     return rec
 
 
@@ -184,9 +178,6 @@ def _time_hf(cfg: DecodeBenchConfig, model_cfg, copy_tbps: float) -> dict:
         t = _events_ms(step, 5)
     w = sum(p.numel() * p.element_size() for p in hf.parameters())
     kv = cfg.batch * cfg.context * model_cfg.kv_bytes_per_token(2)
-    del hf, cache
-    gc.collect()
-    torch.cuda.empty_cache()
     return _record("transformers decode step (StaticCache, SDPA, eager)", t, w + kv, copy_tbps)
 
 
@@ -203,11 +194,19 @@ def run_decode_bench(cfg: DecodeBenchConfig, command: str) -> dict:
         raise DustinError(f"draft shape {dname} does not fit target shape {cfg.config}")
     copy = copy_bandwidth_tbps()
     tflops = matmul_tflops()
-    records = _time_model_steps(cfg, "target", tcfg, copy["tbps"], verify=True)
-    records += _time_model_steps(cfg, "draft", dcfg, copy["tbps"], verify=False)
-    records.append(_time_prefill(cfg, tcfg, tflops))
+    phases = [
+        lambda: _time_model_steps(cfg, "target", tcfg, copy["tbps"], verify=True),
+        lambda: _time_model_steps(cfg, "draft", dcfg, copy["tbps"], verify=False),
+        lambda: [_time_prefill(cfg, tcfg, tflops)],
+    ]
     if cfg.hf_baseline:
-        records.append(_time_hf(cfg, tcfg, copy["tbps"]))
+        phases.append(lambda: [_time_hf(cfg, tcfg, copy["tbps"])])
+    records = []
+    for phase in phases:  # each phase frees its model and cache before the next allocates
+        records += phase()
+        gc.collect()
+        torch.cuda.empty_cache()
+    if cfg.hf_baseline:
         ours = records[0]["median_ms"]
         records[-1]["ours_speedup"] = records[-1]["median_ms"] / ours
     return {

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from dustin_kernels._util import next_pow2
 
 
