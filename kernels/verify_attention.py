@@ -1,0 +1,289 @@
+"""Verification attention over the KV cache: full (split-KV) and sparse (an index set), one kernel.
+
+One program owns one (sequence b, KV head g, split): it loads the queries of all H/G query heads
+of group g and all M verification queries as one [HG*M, D] tile, so every K/V row it reads is used
+by all of them. The rows of a split are either a contiguous range of the cache (full) or a range of
+the index set (sparse). Split 0 also attends to the M new tokens with the causal mask among them.
+
+With more than one split, each program writes an unnormalised partial (m, l, acc) to a scratch
+buffer, takes a ticket from a per-(b, g) counter, and the last program to arrive combines the
+partials and writes the output (one launch, no second kernel). The counter is reset by that
+program, so the counters stay zero between launches (see `_util.ticket_counters`).
+
+Scratch: the partials are allocated with `torch.empty` on each call (allowed under CUDA graph
+capture; the graph's pool keeps them). Launchers never read tensor values on the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from dustin_kernels._util import (
+    cdiv,
+    check_lens,
+    check_out,
+    next_pow2,
+    num_sms,
+    require,
+    ticket_counters,
+)
+
+LOG2E = 1.4426950408889634
+NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG_BIG - NEG_BIG) = 1, not NaN
+
+
+@triton.jit
+def _update(q, k, v, allowed, m_i, l_i, acc, qk_scale, DT: tl.constexpr, PREC: tl.constexpr):
+    """One online-softmax step: q [BQ, BD], k/v [BN, BD] fp32, allowed [BQ, BN] (or broadcastable)."""
+    s = tl.dot(q, tl.trans(k.to(DT)), input_precision=PREC) * qk_scale  # [BQ, BN], log2 units
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DT), v.to(DT), input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _verify_attn_kernel(
+    Q, K, V, KN, VN, IDX, LENS, OUT, WACC, WML, LOCKS,
+    qk_scale, n_cols, chunk, n_splits,
+    sqb, sqh, sqm, sqd,
+    skb, skg, skn, skd,
+    svb, svg, svn, svd,
+    snb, sng, snm, snd,
+    swb, swg, swm, swd,
+    sib, sig, sis,
+    sob, soh, som, sod,
+    G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
+    SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr,
+):
+    split = tl.program_id(0)
+    g = tl.program_id(1)
+    b = tl.program_id(2)
+    b64 = b.to(tl.int64)
+    g64 = g.to(tl.int64)
+    DT: tl.constexpr = K.dtype.element_ty
+
+    rq = tl.arange(0, BLOCK_Q)  # query row = local head * M + query index
+    rd = tl.arange(0, BLOCK_D)
+    qrow = rq < HG * M
+    mq = rq % M
+    hq = g * HG + rq // M
+    dmask = rd < D
+    q = tl.load(Q + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd,
+                mask=qrow[:, None] & dmask[None, :], other=0.0).to(tl.float32).to(DT)  # [BQ, BD]
+
+    kb = K + b64 * skb + g64 * skg
+    vb = V + b64 * svb + g64 * svg
+    L = tl.load(LENS + b)
+    # The M new tokens (split 0 only): loaded first so the loads overlap the main loop, used last.
+    rn = tl.arange(0, BLOCK_NEW)
+    n_new = M - M * tl.minimum(split, 1)  # M for split 0, else 0
+    nmask = (rn < n_new)[:, None] & dmask[None, :]
+    if NEW_IN_CACHE:
+        kp = kb + (L + rn)[:, None] * skn + rd[None, :] * skd
+        vp = vb + (L + rn)[:, None] * svn + rd[None, :] * svd
+    else:
+        kp = KN + b64 * snb + g64 * sng + rn[:, None] * snm + rd[None, :] * snd
+        vp = VN + b64 * swb + g64 * swg + rn[:, None] * swm + rd[None, :] * swd
+    k_new = tl.load(kp, mask=nmask, other=0.0).to(tl.float32)
+    v_new = tl.load(vp, mask=nmask, other=0.0).to(tl.float32)
+
+    m_i = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    lo = split * chunk
+    if SPARSE:
+        hi = tl.minimum(lo + chunk, n_cols)
+        ib = IDX + b64 * sib + g64 * sig
+    else:
+        hi = tl.minimum(lo + chunk, L)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        if SPARSE:
+            rows = tl.load(ib + offs * sis, mask=offs < hi, other=-1)
+            valid = rows >= 0
+        else:
+            rows = offs
+            valid = offs < hi
+        kvmask = valid[:, None] & dmask[None, :]
+        k = tl.load(kb + rows[:, None] * skn + rd[None, :] * skd, mask=kvmask, other=0.0).to(tl.float32)
+        v = tl.load(vb + rows[:, None] * svn + rd[None, :] * svd, mask=kvmask, other=0.0).to(tl.float32)
+        m_i, l_i, acc = _update(q, k, v, valid[None, :], m_i, l_i, acc, qk_scale, DT, PREC)
+
+    causal = (rn[None, :] <= mq[:, None]) & (rn < n_new)[None, :]
+    m_i, l_i, acc = _update(q, k_new, v_new, causal, m_i, l_i, acc, qk_scale, DT, PREC)
+
+    optrs = OUT + b64 * sob + hq[:, None] * soh + mq[:, None] * som + rd[None, :] * sod
+    omask = qrow[:, None] & dmask[None, :]
+    if n_splits == 1:  # an int argument equal to 1 is specialised: this branch folds at compile time
+        tl.store(optrs, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=omask)
+    else:
+        pair = b * G + g
+        slot = (pair * n_splits + split).to(tl.int64)
+        wq = rq[:, None] * BLOCK_D + rd[None, :]
+        tl.store(WACC + slot * (BLOCK_Q * BLOCK_D) + wq, acc, mask=omask)
+        tl.store(WML + slot * (2 * BLOCK_Q) + rq, m_i, mask=qrow)
+        tl.store(WML + slot * (2 * BLOCK_Q) + BLOCK_Q + rq, l_i, mask=qrow)
+        tl.debug_barrier()  # every thread's partial is written before the ticket (release)
+        ticket = tl.atomic_add(LOCKS + pair, 1, sem="acq_rel")
+        if ticket == n_splits - 1:  # last to arrive: combine all partials of (b, g)
+            m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
+            l_r = tl.zeros([BLOCK_Q], tl.float32)
+            a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+            for s in range(n_splits):
+                ws = (pair * n_splits + s).to(tl.int64)
+                m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rq, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
+                l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rq, mask=qrow, other=0.0, cache_modifier=".cg")
+                a_s = tl.load(WACC + ws * (BLOCK_Q * BLOCK_D) + wq, mask=omask, other=0.0, cache_modifier=".cg")
+                m_n = tl.maximum(m_r, m_s)
+                c_r = tl.exp2(m_r - m_n)
+                c_s = tl.exp2(m_s - m_n)
+                l_r = l_r * c_r + l_s * c_s
+                a_r = a_r * c_r[:, None] + a_s * c_s[:, None]
+                m_r = m_n
+            l_r = tl.where(qrow, l_r, 1.0)
+            tl.store(optrs, (a_r / l_r[:, None]).to(OUT.dtype.element_ty), mask=omask)
+            tl.atomic_xchg(LOCKS + pair, 0)
+
+
+def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
+    require(q.dim() == 4, f"q must be [B, H, M, D], got {list(q.shape)}")
+    B, H, M, D = q.shape
+    require(k_cache.dim() == 4 and k_cache.shape[0] == B and k_cache.shape[3] == D,
+            f"k_cache must be [B={B}, G, N_max, D={D}], got {list(k_cache.shape)}")
+    require(v_cache.shape == k_cache.shape, "v_cache must have the shape of k_cache")
+    G = k_cache.shape[1]
+    require(G > 0 and H % G == 0, f"query heads H={H} must be a multiple of KV heads G={G}")
+    require(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype, "q, k_cache, v_cache must share a dtype")
+    require(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
+    require((k_new is None) == (v_new is None), "pass both k_new and v_new, or neither")
+    if k_new is not None:
+        require(tuple(k_new.shape) == (B, G, M, D) and tuple(v_new.shape) == (B, G, M, D),
+                f"k_new/v_new must be [B, G, M, D] = {[B, G, M, D]}")
+        require(k_new.dtype == q.dtype and v_new.dtype == q.dtype, "k_new/v_new must have q's dtype")
+    check_lens(cache_lens, B, q.device)
+    return B, H, M, D, G
+
+
+def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
+            sparse, num_splits, block_n, num_warps, num_stages):
+    B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
+    HG = H // G
+    out = check_out(out, (B, H, M, D), q.dtype, q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    BLOCK_Q = max(16, next_pow2(HG * M))
+    BLOCK_D = max(16, next_pow2(D))
+    BLOCK_NEW = max(16, next_pow2(M))
+    span = n_cols if sparse else k_cache.shape[2]  # rows to split (host-known bound)
+    sms = num_sms(q.device)
+    if num_splits is None:  # measured on the H200, see kernels/NOTES.md
+        if sparse:  # fill the GPU once, no more: every extra split adds a partial and the combine
+            num_splits = max(1, min(sms // (B * G), cdiv(max(span, 1), 32)))
+        else:  # ~6 programs per SM for the full cache
+            num_splits = max(1, min(round(6 * sms / (B * G)), cdiv(max(span, 1), 32)))
+    if block_n is None:
+        block_n = 32 if not sparse else min(128, max(32, next_pow2(cdiv(max(span, 1), num_splits))))
+    if num_stages is None:
+        num_stages = 3 if block_n >= 128 else 4
+        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q) * BLOCK_D * q.element_size()  # noqa: E731
+        while smem(block_n, num_stages) > 215 * 1024 and (num_stages > 2 or block_n > 16):
+            if num_stages > 2:  # stay inside the 227 KB of shared memory a block may use
+                num_stages -= 1
+            else:
+                block_n //= 2
+    chunk = cdiv(cdiv(max(span, 1), num_splits), block_n) * block_n
+    splits = max(1, cdiv(max(span, 1), chunk))
+    if num_warps is None:
+        num_warps = 8 if BLOCK_Q >= 128 else 4
+    if splits > 1:
+        wacc = torch.empty(B * G * splits * BLOCK_Q * BLOCK_D, dtype=torch.float32, device=q.device)
+        wml = torch.empty(B * G * splits * 2 * BLOCK_Q, dtype=torch.float32, device=q.device)
+        locks = ticket_counters(q.device, B * G)
+    else:
+        wacc = wml = locks = out  # unused
+    kn, vn = (k_new, v_new) if k_new is not None else (k_cache, v_cache)
+    if idx is None:
+        idx, isb, isg, iss = cache_lens, 0, 0, 0  # unused
+    elif idx.dim() == 2:
+        isb, isg, iss = idx.stride(0), 0, idx.stride(1)
+    else:
+        isb, isg, iss = idx.stride()
+    _verify_attn_kernel[(splits, G, B)](
+        q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
+        scale * LOG2E, n_cols, chunk, splits,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn.stride(), *vn.stride(),
+        isb, isg, iss, *out.stride(),
+        G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
+        SPARSE=sparse, NEW_IN_CACHE=k_new is None,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def full_verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Split-KV attention of M verification queries over the whole cache: [B, H, M, D].
+
+    q [B, H, M, D]; k_cache/v_cache [B, G, N_max, D] (any strides); cache_lens [B] int32 = context
+    rows before the new tokens. Query j of sequence b attends to rows [0, cache_lens[b]) and to new
+    tokens 0..j, taken from k_new/v_new [B, G, M, D] or, when those are None, from cache rows
+    cache_lens[b] + j. Query head h uses KV head h // (H // G). scale defaults to 1/sqrt(D).
+    The tuning keywords (split count, rows per block, warps, pipeline stages) default to heuristics.
+    """
+    return _launch(q, k_cache, v_cache, None, 0, cache_lens, k_new, v_new, scale, out,
+                   False, num_splits, block_n, num_warps, num_stages)
+
+
+def sparse_verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Attention of M verification queries over a selected set of cache rows: [B, H, M, D].
+
+    indices [B, S] (one set for all heads) or [B, G, S] (per KV head), int32 context rows
+    < cache_lens[b], -1 padding at the tail. Query j attends to the indexed rows and to new tokens
+    0..j (same new-token convention as `full_verify_attention`). Each selected K/V row is loaded
+    once for all query heads of its group and all M queries; the set is split across programs
+    when B * G alone cannot fill the GPU, and the partials are combined in the same launch.
+    """
+    B = q.shape[0]
+    G = k_cache.shape[1] if k_cache.dim() == 4 else 0
+    require(indices.dtype == torch.int32, f"indices must be int32, got {indices.dtype}")
+    require(indices.dim() in (2, 3) and indices.shape[0] == B and (indices.dim() == 2 or indices.shape[1] == G),
+            f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
+    require(indices.device == q.device, "indices must be on the same device as q")
+    return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
+                   True, num_splits, block_n, num_warps, num_stages)

@@ -1,0 +1,85 @@
+"""select_indices against the reference: exact equality (same tie rule: lower position first)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dustin_kernels import select_indices, select_indices_ref
+
+from dustin_runtime.errors import DustinError
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _scores(B, N, gen, distinct=True):
+    if distinct:  # distinct values, both signs
+        return torch.stack([torch.randperm(N, generator=gen).float() - N / 3 for _ in range(B)])
+    return torch.randint(-3, 4, (B, N), generator=gen).float()  # many ties
+
+
+# (N_max, lens, budget, sinks, window, m)
+CASES = [
+    (300, [300, 64, 10, 65], 64, 4, 8, 20),
+    (257, [257, 200], 37, 0, 0, 37),
+    (500, [499, 100], 50, 3, 0, 0),
+    (130, [130, 129], 40, 1, 7, 16),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("with_secondary", [True, False])
+@pytest.mark.parametrize("distinct", [True, False])
+def test_matches_reference(case, with_secondary, distinct):
+    N, lens, budget, sinks, window, m = case
+    dev = _device()
+    gen = torch.Generator().manual_seed(CASES.index(case))
+    B = len(lens)
+    p = _scores(B, N, gen, distinct).to(dev)
+    s = _scores(B, N, gen, distinct).to(dev) if with_secondary else None
+    cl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    out = torch.full((B, budget), -7, dtype=torch.int32, device=dev)
+    select_indices(p, s, cl, budget=budget, sinks=sinks, window=window, m=m, out=out, block=64)
+    ref = select_indices_ref(p, s, cl, budget=budget, sinks=sinks, window=window, m=m)
+    assert torch.equal(out.cpu(), ref.cpu())
+
+
+def test_invariants_sorted_unique_exact():
+    dev = _device()
+    gen = torch.Generator().manual_seed(1)
+    p, s = _scores(3, 1000, gen).to(dev), _scores(3, 1000, gen).to(dev)
+    cl = torch.tensor([1000, 513, 700], dtype=torch.int32, device=dev)
+    out = select_indices(p, s, cl, budget=96, sinks=4, window=16, m=30, block=256).cpu()
+    for b in range(3):
+        row = out[b]
+        assert (row >= 0).all() and (row[1:] > row[:-1]).all() and row[-1] < int(cl[b])
+        assert set(range(4)) <= set(row.tolist()) and set(range(int(cl[b]) - 16, int(cl[b]))) <= set(row.tolist())
+
+
+def test_bad_inputs_raise_dustin_error():
+    p = torch.randn(2, 50)
+    cl = torch.tensor([50, 40], dtype=torch.int32)
+    with pytest.raises(DustinError, match="exceeds budget"):
+        select_indices(p, None, cl, budget=10, sinks=4, window=4, m=4)
+    with pytest.raises(DustinError, match="float32"):
+        select_indices(p.double(), None, cl, budget=10, sinks=1, window=1, m=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,distinct,with_secondary", [(16, 32773, True, True), (3, 9000, False, True),
+                                                          (1, 65541, True, False), (40, 5000, False, True)])
+def test_gpu_programs_per_row(B, N, distinct, with_secondary):
+    """Rows split over several programs that meet at barriers (P > 1 runs only on the GPU)."""
+    gen = torch.Generator().manual_seed(B)
+    p = _scores(B, N, gen, distinct).cuda()
+    s = _scores(B, N, gen, distinct).cuda() if with_secondary else None
+    cl = torch.randint(N // 2, N + 1, (B,), generator=gen).to(torch.int32)
+    cl[0] = 400
+    cl = cl.cuda()
+    kw = dict(budget=512, sinks=16, window=64, m=216)
+    ref = select_indices_ref(p, s, cl, **kw)
+    for _ in range(3):  # counters and histograms must be back to zero after each launch
+        out = torch.full((B, 512), -7, dtype=torch.int32, device="cuda")
+        select_indices(p, s, cl, out=out, **kw)
+        assert torch.equal(out, ref)

@@ -1,0 +1,92 @@
+"""srh_scores against the fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dustin_kernels import srh_scores, srh_scores_ref
+from dustin_kernels.checks import TOL, poisoned, rel_err
+
+from dustin_runtime.errors import DustinError
+
+# (B, Hs, M, D, G, N_max, kv_heads, num_splits)
+CASES = [
+    (2, 1, 1, 16, 1, 45, [0], None),
+    (3, 3, 5, 32, 4, 101, [0, 2, 2], 3),
+    (1, 2, 9, 24, 8, 70, [7, 1], 1),
+]
+
+
+def ragged_lens(B: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """B int32 lengths in [lo, hi], the first one equal to hi."""
+    lens = torch.randint(lo, hi + 1, (B,), generator=gen)
+    lens[0] = hi
+    return lens.to(torch.int32)
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(B, Hs, M, D, G, N, kv_heads, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hs, M, D, generator=gen).to(device, dtype)
+    k = torch.randn(B, G, N, D, generator=gen).to(device, dtype)
+    lens = ragged_lens(B, 1, N, gen).to(device)
+    return q, torch.tensor(kv_heads, dtype=torch.int32, device=device), k, lens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_matches_reference(dtype, case, reduce):
+    B, Hs, M, D, G, N, kvh, splits = case
+    dev = _device()
+    q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, dtype, dev, seed=CASES.index(case))
+    out = poisoned((B, N), torch.float32, dev)
+    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16)
+    ref = srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)
+    assert rel_err(out, ref) <= TOL[dtype]
+    for b in range(B):
+        assert (out[b, int(lens[b]):] == 0).all()
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_accumulate_over_layers(reduce):
+    dev = _device()
+    q, kv_heads, k, lens = _inputs(2, 2, 3, 16, 2, 40, [1, 0], torch.float32, dev, seed=4)
+    q2 = torch.randn_like(q)
+    out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16)
+    srh_scores(q2, kv_heads, k, lens, reduce=reduce, out=out, accumulate=True, block_n=16)
+    ref = srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)
+    ref = srh_scores_ref(q2, kv_heads, k, lens, reduce=reduce, out=ref, accumulate=True)
+    assert rel_err(out, ref) <= 1e-5
+
+
+def test_sum_of_probabilities_is_heads_times_queries():
+    dev = _device()
+    q, kv_heads, k, lens = _inputs(2, 3, 4, 16, 2, 33, [0, 1, 1], torch.float32, dev, seed=8)
+    out = srh_scores(q, kv_heads, k, lens, block_n=16)
+    torch.testing.assert_close(out.sum(1).cpu(), torch.full((2,), 12.0), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_raise_dustin_error():
+    q = torch.randn(1, 2, 3, 16)
+    k = torch.randn(1, 2, 10, 16)
+    lens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(DustinError, match="kv_heads"):
+        srh_scores(q, torch.tensor([0, 1]), k, lens)
+    with pytest.raises(DustinError, match="reduce"):
+        srh_scores(q, torch.tensor([0, 1], dtype=torch.int32), k, lens, reduce="mean")
+    with pytest.raises(DustinError, match="accumulate"):
+        srh_scores(q, torch.tensor([0, 1], dtype=torch.int32), k, lens, accumulate=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_gpu_bf16(reduce):
+    B, Hs, M, D, G, N = 4, 3, 5, 128, 8, 9001
+    q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, [0, 5, 5], torch.bfloat16, "cuda", seed=21)
+    out = poisoned((B, N), torch.float32, "cuda")
+    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out)
+    assert rel_err(out, srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)) <= TOL[torch.bfloat16]

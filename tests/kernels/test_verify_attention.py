@@ -1,0 +1,181 @@
+"""full_verify_attention / sparse_verify_attention against the fp32 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dustin_kernels import (
+    full_verify_attention,
+    full_verify_attention_ref,
+    sparse_verify_attention,
+    sparse_verify_attention_ref,
+)
+from dustin_kernels._util import ticket_counters
+from dustin_kernels.checks import TOL, poisoned, rel_err
+
+from dustin_runtime.errors import DustinError
+
+# (B, H, G, M, D, N_ctx, num_splits): GQA ratios 1/4/7/8, M 1..9, odd lengths, D not a power of 2
+CASES = [
+    (2, 2, 2, 1, 16, 37, None),
+    (2, 4, 1, 5, 32, 53, 3),
+    (1, 7, 1, 9, 16, 40, 1),
+    (3, 16, 2, 2, 24, 29, 2),
+    (2, 8, 8, 3, 32, 70, None),
+]
+
+
+def _inputs(B, H, G, M, D, N_ctx, dtype, device, new_in_cache, seed):
+    gen = torch.Generator().manual_seed(seed)
+    n_max = N_ctx + M + 3  # spare rows past the new tokens
+    q = torch.randn(B, H, M, D, generator=gen).to(device, dtype)
+    k = torch.randn(B, G, n_max, D, generator=gen).to(device, dtype)
+    v = torch.randn(B, G, n_max, D, generator=gen).to(device, dtype)
+    lens = ragged_lens(B, max(1, N_ctx // 3), N_ctx, gen).to(device)
+    kn = vn = None
+    if not new_in_cache:
+        kn = torch.randn(B, G, M, D, generator=gen).to(device, dtype)
+        vn = torch.randn(B, G, M, D, generator=gen).to(device, dtype)
+    return q, k, v, lens, kn, vn, gen
+
+
+def _indices(lens, S, G, per_head, gen, device):
+    """Sorted random row sets per sequence (and per KV head), -1 padded where S > L."""
+    B = lens.numel()
+    idx = torch.full((B, G, S) if per_head else (B, S), -1, dtype=torch.int32)
+    for b in range(B):
+        L = int(lens[b])
+        for g in range(G if per_head else 1):
+            rows = torch.sort(torch.randperm(L, generator=gen)[:S]).values.to(torch.int32)
+            (idx[b, g] if per_head else idx[b])[: rows.numel()] = rows
+    return idx.to(device)
+
+
+def ragged_lens(B: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """B int32 lengths in [lo, hi], the first one equal to hi."""
+    lens = torch.randint(lo, hi + 1, (B,), generator=gen)
+    lens[0] = hi
+    return lens.to(torch.int32)
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("new_in_cache", [True, False])
+def test_full_matches_reference(dtype, case, new_in_cache):
+    B, H, G, M, D, N_ctx, splits = case
+    dev = _device()
+    q, k, v, lens, kn, vn, _ = _inputs(B, H, G, M, D, N_ctx, dtype, dev, new_in_cache, seed=CASES.index(case))
+    out = poisoned((B, H, M, D), dtype, dev)
+    full_verify_attention(q, k, v, lens, kn, vn, out=out, num_splits=splits, block_n=16)
+    ref = full_verify_attention_ref(q, k, v, lens, kn, vn)
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_sparse_matches_reference(dtype, case, per_head):
+    B, H, G, M, D, N_ctx, splits = case
+    dev = _device()
+    q, k, v, lens, kn, vn, gen = _inputs(B, H, G, M, D, N_ctx, dtype, dev, per_head, seed=7 + CASES.index(case))
+    S = 21  # not a multiple of the block; larger than some of the ragged lengths (S >= L: padding)
+    idx = _indices(lens.cpu(), S, G, per_head, gen, dev)
+    out = poisoned((B, H, M, D), dtype, dev)
+    sparse_verify_attention(q, k, v, idx, lens, kn, vn, out=out, num_splits=splits, block_n=16)
+    ref = sparse_verify_attention_ref(q, k, v, idx, lens, kn, vn)
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+def test_sparse_with_every_row_equals_full():
+    B, H, G, M, D, N_ctx = 2, 4, 2, 3, 16, 33
+    dev = _device()
+    q, k, v, lens, _, _, _ = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, True, seed=3)
+    idx = torch.full((B, 48), -1, dtype=torch.int32)
+    for b in range(B):
+        idx[b, : int(lens[b])] = torch.arange(int(lens[b]), dtype=torch.int32)
+    sparse = sparse_verify_attention(q, k, v, idx.to(dev), lens, num_splits=2, block_n=16)
+    full = full_verify_attention(q, k, v, lens, num_splits=3, block_n=16)
+    assert rel_err(sparse, full.float()) <= 1e-5
+
+
+def test_ticket_counters_return_to_zero():
+    dev = _device()
+    q, k, v, lens, _, _, _ = _inputs(3, 4, 2, 2, 16, 40, torch.float32, dev, True, seed=5)
+    full_verify_attention(q, k, v, lens, num_splits=4, block_n=16)
+    assert int(ticket_counters(torch.device(dev), 6)[:6].abs().sum()) == 0
+
+
+def test_default_scale_and_explicit_scale():
+    dev = _device()
+    q, k, v, lens, _, _, _ = _inputs(1, 2, 1, 2, 16, 20, torch.float32, dev, True, seed=9)
+    out = full_verify_attention(q, k, v, lens, scale=0.3, block_n=16)
+    ref = full_verify_attention_ref(q, k, v, lens, scale=0.3)
+    assert rel_err(out, ref) <= 1e-5
+
+
+def test_bad_inputs_raise_dustin_error():
+    q = torch.randn(1, 3, 2, 16)
+    k = torch.randn(1, 2, 10, 16)
+    lens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(DustinError, match="multiple of KV heads"):
+        full_verify_attention(q, k, k, lens)
+    with pytest.raises(DustinError, match="int32"):
+        full_verify_attention(q[:, :2], k, k, lens.long())
+    with pytest.raises(DustinError, match="indices"):
+        sparse_verify_attention(q[:, :2], k, k, torch.zeros(1, 2, 2, 4, dtype=torch.int32), lens)
+
+
+# ---- GPU (bf16), run through the device tool ----
+
+GPU_CASES = [  # (B, H, G, M, D, N_ctx)
+    (3, 64, 8, 5, 128, 4099),
+    (2, 64, 8, 9, 128, 2500),
+    (2, 28, 4, 9, 128, 3001),
+    (4, 14, 2, 1, 64, 2048),
+    (2, 9, 3, 4, 64, 777),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES)
+@pytest.mark.parametrize("new_in_cache", [True, False])
+def test_gpu_bf16_full_and_sparse(case, new_in_cache):
+    B, H, G, M, D, N_ctx = case
+    dtype = torch.bfloat16
+    q, k, v, lens, kn, vn, gen = _inputs(B, H, G, M, D, N_ctx, dtype, "cuda", new_in_cache, seed=11)
+    out = poisoned((B, H, M, D), dtype, "cuda")
+    full_verify_attention(q, k, v, lens, kn, vn, out=out)
+    assert rel_err(out, full_verify_attention_ref(q, k, v, lens, kn, vn)) <= TOL[dtype]
+    for per_head in (False, True):
+        idx = _indices(lens.cpu(), 515, G, per_head, gen, "cuda")
+        out = poisoned((B, H, M, D), dtype, "cuda")
+        sparse_verify_attention(q, k, v, idx, lens, kn, vn, out=out)
+        assert rel_err(out, sparse_verify_attention_ref(q, k, v, idx, lens, kn, vn)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    B, H, G, M, D, N_ctx = 4, 64, 8, 5, 128, 3000
+    q, k, v, lens, _, _, gen = _inputs(B, H, G, M, D, N_ctx, torch.bfloat16, "cuda", True, seed=13)
+    idx = _indices(lens.cpu(), 512, G, False, gen, "cuda")
+    o_full = torch.empty_like(q)
+    o_sparse = torch.empty_like(q)
+    full_verify_attention(q, k, v, lens, out=o_full)  # warm-up: compile, counters
+    sparse_verify_attention(q, k, v, idx, lens, out=o_sparse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        full_verify_attention(q, k, v, lens, out=o_full)
+        sparse_verify_attention(q, k, v, idx, lens, out=o_sparse)
+    for _ in range(3):
+        q.normal_()
+        o_full.fill_(float("nan"))
+        o_sparse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(o_full, full_verify_attention_ref(q, k, v, lens)) <= 1e-2
+        assert rel_err(o_sparse, sparse_verify_attention_ref(q, k, v, idx, lens)) <= 1e-2
