@@ -64,24 +64,26 @@ def prefill(
     *,
     chunk: int = PREFILL_CHUNK,
     tail: int = 0,
+    start: int = 0,
 ) -> None:
     """Write every prompt token but the last into the cache, in chunks (no N x N score matrix).
     Consecutive prompts of equal length go through together; others one run at a time. With
     `tail` > 0 the last `tail` of those tokens form their own final chunk (a policy can take its
-    first target-history signal from those queries)."""
+    first target-history signal from those queries). With `start` > 0 the first `start` tokens of
+    every prompt are already in the cache (a continued prefill)."""
     b = 0
     while b < len(prompts):
         e = b + 1
         while e < len(prompts) and len(prompts[e]) == len(prompts[b]):
             e += 1
-        ids = torch.tensor([p[:-1] for p in prompts[b:e]], dtype=torch.long, device=model.device)
+        ids = torch.tensor([p[start:-1] for p in prompts[b:e]], dtype=torch.long, device=model.device)
         view, n = cache.rows(b, e), ids.shape[1]
         cut = max(n - tail, 0) if tail else n
         bounds = [(s, min(s + chunk, cut)) for s in range(0, cut, chunk)]
         if cut < n:
             bounds.append((cut, n))
         for s, stop in bounds:
-            model(ids[:, s:stop], view, backend, phase="prefill", logits="none", kv_len=stop,
+            model(ids[:, s:stop], view, backend, phase="prefill", logits="none", kv_len=start + stop,
                   rows=(b, e), final=stop == n)
             view.advance(stop - s)
         b = e
@@ -90,9 +92,10 @@ def prefill(
 class Bookkeeper:
     """Device-side outputs of a batch: per-step emitted tokens, EOS and length limits."""
 
-    def __init__(self, prompts, max_new, eos_ids, width: int, device):
+    def __init__(self, prompts, max_new, eos_ids, width: int, device, min_new: int = 0):
         B = len(prompts)
         self.device = device
+        self.min_new = min_new
         self.max_new = torch.tensor(max_new, device=device)
         self.produced = torch.zeros(B, dtype=torch.long, device=device)
         self.done = self.max_new <= 0
@@ -100,6 +103,18 @@ class Bookkeeper:
         self.out = torch.zeros(B, max(max_new) + 2 * width + 1, dtype=torch.long, device=device)
         self.trash = self.out.shape[1] - 1
         self.accepted: list[torch.Tensor] = []
+
+    def mask_early_stops(self, logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Forbid end-of-sequence ids before `min_new` tokens: logits [B, T, V] (token t of the pass
+        would be new token produced + offset + t) get -inf on those ids. No host sync."""
+        if self.min_new <= 0:
+            return logits
+        T = logits.shape[1]
+        pos = self.produced.view(-1, 1) + offset + torch.arange(T, device=self.device)  # [B, T]
+        early = (pos < self.min_new).unsqueeze(-1)  # [B, T, 1]
+        cols = logits[:, :, self.eos]
+        logits[:, :, self.eos] = torch.where(early, torch.full_like(cols, float("-inf")), cols)
+        return logits
 
     def emit(self, emitted: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """Append emitted[b, :count[b]] ([B, W], [B]) for live sequences; returns the per-sequence
@@ -146,8 +161,10 @@ def generate(
     backend: AttentionBackend | None = None,
     seed: int = 0,
     prefill_chunk: int = PREFILL_CHUNK,
+    min_new_tokens: int = 0,
 ) -> GenerationResult:
-    """Autoregressive decoding of a batch of prompts of any lengths."""
+    """Autoregressive decoding of a batch of prompts of any lengths (EOS ids are forbidden
+    before `min_new_tokens` new tokens)."""
     max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     check_prompts(prompts, max_new, model)
     device = model.device
@@ -158,13 +175,13 @@ def generate(
     cache = model.allocate_cache(len(prompts), cache_capacity(prompts, max_new))
     with timer.phase("prefill"):
         prefill(model, cache, prompts, backend, chunk=prefill_chunk)
-    book = Bookkeeper(prompts, max_new, eos_ids, 1, device)
+    book = Bookkeeper(prompts, max_new, eos_ids, 1, device, min_new_tokens)
     cur = torch.tensor([p[-1] for p in prompts], device=device)
     steps = 0
     one = torch.ones(len(prompts), dtype=torch.long, device=device)
     while not book.all_done():
         with timer.phase("decode"):
-            logits = model(cur.view(-1, 1), cache, backend, phase="decode")[:, -1]
+            logits = book.mask_early_stops(model(cur.view(-1, 1), cache, backend, phase="decode"))[:, -1]
         with timer.phase("other"):
             nxt = next_token(logits, sampling, gen)
             advance = book.emit(nxt.view(-1, 1), one)

@@ -83,8 +83,10 @@ def speculative_generate(
     hooks: SpecHooks | None = None,
     seed: int = 0,
     prefill_chunk: int = PREFILL_CHUNK,
+    min_new_tokens: int = 0,
 ) -> GenerationResult:
-    """Speculative decoding of a batch of prompts of any lengths with ragged acceptance."""
+    """Speculative decoding of a batch of prompts of any lengths with ragged acceptance (EOS ids
+    are forbidden before `min_new_tokens` new tokens, in the draft and the target alike)."""
     if gamma < 1:
         raise DustinError("gamma must be >= 1")
     if target.device != draft.device:
@@ -107,15 +109,16 @@ def speculative_generate(
         tail = hooks.prefill_tail(gamma)
         prefill(target, tcache, prompts, t_backend, chunk=prefill_chunk, tail=tail)
         prefill(draft, dcache, prompts, d_backend, chunk=prefill_chunk, tail=tail)
-    book = Bookkeeper(prompts, max_new, eos_ids, gamma + 1, device)
+    book = Bookkeeper(prompts, max_new, eos_ids, gamma + 1, device, min_new_tokens)
     cur = torch.tensor([p[-1] for p in prompts], device=device)
     steps = 0
     while not book.all_done():
         with timer.phase("draft"):
             hooks.before_draft()
             tok, drafted, qs = cur, [], []
-            for _ in range(gamma):
-                logits = draft(tok.view(-1, 1), dcache, d_backend, phase="draft")[:, -1, :V]
+            for i in range(gamma):
+                logits = draft(tok.view(-1, 1), dcache, d_backend, phase="draft")[..., :V]
+                logits = book.mask_early_stops(logits, offset=i)[:, -1]
                 dcache.advance(1)
                 if sampling.greedy:
                     tok = logits.argmax(-1)
@@ -130,7 +133,7 @@ def speculative_generate(
             hooks.before_verify()
         with timer.phase("verify"):
             vt = torch.cat([cur.view(-1, 1), d], dim=1)  # [B, gamma + 1]
-            logits = target(vt, tcache, t_backend, phase="verify")[..., :V]  # [B, gamma + 1, V]
+            logits = book.mask_early_stops(target(vt, tcache, t_backend, phase="verify")[..., :V])  # [B, g+1, V]
         with timer.phase("other"):
             q_all = torch.stack(qs, dim=1) if qs else None
             n, nxt = speculative_accept(d, q_all, logits, sampling, gen)

@@ -134,3 +134,31 @@ def test_stats_are_consistent(pair):
     for b, want in enumerate([9, 13, 4]):
         emitted = sum(row[b] + 1 for row in out.stats.accepted if row[b] >= 0)
         assert emitted >= want
+
+
+def test_min_new_tokens_forbids_early_stop(pair):
+    target, draft = pair
+    free = generate(target, PROMPTS, 8)
+    stop = free.tokens[0][0]  # the first token the target would emit for prompt 0
+    ar = generate(target, PROMPTS, 8, eos_ids=(stop,), min_new_tokens=3)
+    sd = speculative_generate(target, draft, PROMPTS, 8, gamma=3, eos_ids=(stop,), min_new_tokens=3)
+    assert sd.tokens == ar.tokens
+    assert ar.tokens[0][0] != stop and len(ar.tokens[0]) >= 3
+    assert all(t != stop for seq in ar.tokens for t in seq[:3])
+    unforced = generate(target, PROMPTS, 8, eos_ids=(stop,))
+    assert unforced.tokens[0] == [stop] and unforced.finish_reasons[0] == "eos"
+
+
+def test_teacher_forced_full_equals_one_forward(pair):
+    from dustin_runtime.teacher_forced import teacher_forced_nll
+
+    target, draft = pair
+    g = torch.Generator().manual_seed(60)
+    seqs = torch.randint(0, 131, (2, 41), generator=g)
+    res, again = teacher_forced_nll(target, draft, seqs.tolist(), context=17, gamma=4, hooks=[None, None])
+    assert res.nll == again.nll  # the shared prefill is copied, not consumed
+    logits = target(seqs, target.allocate_cache(2, 41), TorchAttention(), phase="prefill")
+    lp = torch.log_softmax(logits[:, 16:-1], -1).gather(-1, seqs[:, 17:].unsqueeze(-1)).squeeze(-1)
+    assert res.tokens == [24, 24] and res.windows == 5
+    for b in range(2):
+        assert abs(res.nll[b] + lp[b].sum().item()) < 1e-3

@@ -1,0 +1,73 @@
+"""`dustin eval passkey`: retrieval of a passkey hidden in Gutenberg filler at several contexts and
+depths, decoded greedily through each verification policy; accuracy tables and one heatmap PNG
+per policy and budget. Records are appended as they finish; a re-run skips what is done."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dustin_runtime.model import Transformer
+from dustin_runtime.speculative import SpecHooks
+
+from .generator import result_text
+from .jsonl import append_jsonl, repair_jsonl
+from .passkey import passkey_accuracy, passkey_grid, plot_passkey_heatmap, score_passkey
+from .pg19_eval import PolicyRun
+from .results import markdown_table, provenance, write_csv, write_markdown, write_result_json
+from .runtime_generator import RuntimeGenerator
+
+
+def run_passkey(
+    target: Transformer,
+    draft: Transformer | None,
+    tokenizer,
+    *,
+    filler_text: str,
+    contexts: Sequence[int],
+    depths: Sequence[float],
+    trials: int,
+    gamma: int,
+    runs: Sequence[PolicyRun],
+    make_hooks: Callable[[PolicyRun], SpecHooks | None],
+    out_dir: str | Path,
+    models: dict,
+    max_new_tokens: int = 10,
+    seed: int = 0,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Every prompt of the grid under every run; returns accuracy rows."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "records.jsonl"
+    done = {(r["policy"], r["budget"], r["context_tokens"], r["depth"], r["seed"]) for r in repair_jsonl(path)}
+    prompts = list(passkey_grid(tokenizer, filler_text, contexts, depths, trials, seed))
+    for run in runs:
+        gen = RuntimeGenerator(target, draft, gamma=gamma, hooks_factory=lambda run=run: make_hooks(run))
+        for p in prompts:
+            if (run.policy, run.budget, p.context_tokens, p.depth, p.seed) in done:
+                continue
+            res = gen.generate([p.ids], [max_new_tokens], [tokenizer.eos_token_id])[0]
+            pred = result_text(res, tokenizer)
+            rec = {"policy": run.policy, "budget": run.budget, "context_tokens": p.context_tokens,
+                   "depth": p.depth, "seed": p.seed, "answer": p.answer, "pred": pred,
+                   "score": score_passkey(pred, p.answer), **res.stats}
+            append_jsonl(path, rec)
+            if on_record is not None:
+                on_record(rec)
+    rows = passkey_accuracy(repair_jsonl(path))
+    prov = provenance(models=models, shapes={"contexts": list(contexts), "depths": list(depths), "trials": trials,
+                                             "gamma": gamma})
+    write_result_json(out_dir / "passkey.json", rows, prov)
+    write_csv(out_dir / "passkey.csv", rows)
+    overall = {}
+    for r in rows:
+        overall.setdefault((r["policy"], r["budget"]), []).append(r["accuracy"])
+    summary = [{"policy": p, "budget": b, "accuracy": round(sum(v) / len(v), 4)} for (p, b), v in overall.items()]
+    write_markdown(out_dir / "passkey.md", "Passkey retrieval accuracy",
+                   [("Overall", markdown_table(summary)), ("Per context and depth", markdown_table(rows))], prov)
+    for (policy, budget) in overall:
+        sub = [r for r in rows if r["policy"] == policy and r["budget"] == budget]
+        name = policy if budget is None else f"{policy}-{budget}"
+        plot_passkey_heatmap(sub, out_dir / f"passkey-{name}.png", title=f"passkey: {name}")
+    return rows

@@ -1,0 +1,124 @@
+"""`dustin eval pg19`: PG-19-style perplexity of long book windows when each teacher-forced
+verification window of gamma + 1 tokens attends through a policy's set, full-cache perplexity
+beside it.
+
+A sample is a window of `context + eval_tokens` tokens from one book: the first `context` are the
+prompt (prefilled with the full cache), the last `eval_tokens` are scored in verification windows
+through each policy. All policies of one window share its prefill. Records are appended as they
+finish (one JSONL line per window x policy x budget); a re-run skips what is done."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dustin_runtime.errors import DustinError
+from dustin_runtime.model import Transformer
+from dustin_runtime.speculative import SpecHooks
+from dustin_runtime.teacher_forced import teacher_forced_nll
+
+from .jsonl import append_jsonl, repair_jsonl
+from .pg19 import iter_windows
+from .results import (
+    markdown_table,
+    plot_score_vs_budget,
+    provenance,
+    write_csv,
+    write_markdown,
+    write_result_json,
+)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy at one budget (budget None for full verification)."""
+
+    policy: str
+    budget: int | None
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.budget is None else f"{self.policy}@{self.budget}"
+
+
+def run_pg19(
+    target: Transformer,
+    draft: Transformer | None,
+    tokenizer,
+    *,
+    books_dir: str | Path,
+    context: int,
+    eval_tokens: int,
+    gamma: int,
+    runs: Sequence[PolicyRun],
+    make_hooks: Callable[[PolicyRun], SpecHooks | None],
+    windows: int,
+    out_dir: str | Path,
+    models: dict,
+    seed: int = 0,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Score `windows` windows (one per book) under every run; returns the summary rows."""
+    if context + eval_tokens > target.cfg.max_position_embeddings:
+        raise DustinError(
+            f"context {context} + eval tokens {eval_tokens} exceed the model's {target.cfg.max_position_embeddings}"
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"records-{context}.jsonl"
+    done = {(r["book"], r["window"], r["policy"], r["budget"]) for r in repair_jsonl(path)
+            if r.get("eval_tokens") == eval_tokens and r.get("gamma") == gamma}
+    for win in iter_windows(tokenizer, books_dir, context + eval_tokens, seed=seed, max_windows=windows,
+                            max_windows_per_book=1):
+        todo = [r for r in runs if (win.book, win.index, r.policy, r.budget) not in done]
+        if not todo:
+            continue
+        results = teacher_forced_nll(target, draft, [win.ids], context, gamma=gamma,
+                                     hooks=[make_hooks(r) for r in todo])
+        for r, res in zip(todo, results, strict=True):
+            rec = {"book": win.book, "window": win.index, "start": win.start, "context": context,
+                   "eval_tokens": eval_tokens, "gamma": gamma, "policy": r.policy, "budget": r.budget,
+                   "nll": res.nll[0], "tokens": res.tokens[0], "ppl": math.exp(res.nll[0] / res.tokens[0]),
+                   **{k: v for k, v in res.extra.items() if isinstance(v, (int, float))}}
+            append_jsonl(path, rec)
+            if on_record is not None:
+                on_record(rec)
+    return summarize(path, out_dir, context, eval_tokens, gamma, models)
+
+
+def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: int, models: dict) -> list[dict]:
+    """Per policy and budget: perplexity over all scored tokens, and its ratio to full's."""
+    recs = [r for r in repair_jsonl(path) if r["eval_tokens"] == eval_tokens and r["gamma"] == gamma]
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault((r["policy"], r["budget"]), []).append(r)
+    full_books = {(r["book"], r["window"]) for r in groups.get(("full", None), [])}
+    rows = []
+    for (policy, budget), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "full", kv[0][0], kv[0][1] or 0)):
+        common = [r for r in rs if (r["book"], r["window"]) in full_books]
+        ppl = math.exp(sum(r["nll"] for r in rs) / sum(r["tokens"] for r in rs))
+        row = {"context": context, "policy": policy, "budget": budget, "windows": len(rs),
+               "tokens": sum(r["tokens"] for r in rs), "ppl": round(ppl, 4)}
+        if common and full_books:
+            full = {(r["book"], r["window"]): r for r in groups[("full", None)]}
+            ppl_c = math.exp(sum(r["nll"] for r in common) / sum(r["tokens"] for r in common))
+            ppl_f = math.exp(sum(full[(r["book"], r["window"])]["nll"] for r in common)
+                             / sum(full[(r["book"], r["window"])]["tokens"] for r in common))
+            row["ppl_full"] = round(ppl_f, 4)
+            row["ppl_ratio"] = round(ppl_c / ppl_f, 5)
+        arr = [r["arr"] for r in rs if "arr" in r]
+        if arr:
+            row["arr"] = round(sum(arr) / len(arr), 4)
+        rows.append(row)
+    prov = provenance(models=models, shapes={"context": context, "eval_tokens": eval_tokens, "gamma": gamma})
+    write_result_json(out_dir / f"pg19-{context}.json", rows, prov)
+    write_csv(out_dir / f"pg19-{context}.csv", rows)
+    write_markdown(out_dir / f"pg19-{context}.md",
+                   f"PG-19-style perplexity: context {context}, {eval_tokens} scored tokens per window, gamma {gamma}",
+                   [(None, markdown_table(rows))], prov)
+    if any(r["budget"] is not None for r in rows):
+        plot_score_vs_budget(rows, out_dir / f"pg19-{context}.png", value="ppl",
+                             title=f"perplexity vs budget, context {context}", ylabel="perplexity")
+    return rows

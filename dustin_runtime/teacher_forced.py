@@ -1,0 +1,114 @@
+"""Teacher-forced verification: the speculative loop with the true continuation as the "drafts",
+every window accepted. It measures what a verification policy costs in quality (the perplexity
+of the target when each window of gamma + 1 tokens attends through the policy's set) without the
+noise of acceptance. With full verification it equals one causal forward.
+
+Several policies share one prefill: the prompt up to its last `gamma + 1` tokens is prefilled
+once with the plain backend and copied; each policy then prefills that tail itself (its first
+target-history signal) and runs the windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dustin_runtime.attention import default_backend
+from dustin_runtime.errors import DustinError
+from dustin_runtime.generate import prefill
+from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.model import Transformer
+from dustin_runtime.speculative import SpecHooks
+
+
+@dataclass
+class TeacherForcedResult:
+    """Summed negative log-likelihood (nats) and scored tokens per sequence, for one policy."""
+
+    nll: list[float]
+    tokens: list[int]
+    windows: int
+    extra: dict = field(default_factory=dict)
+
+
+def _copy(cache: KVCache) -> KVCache:
+    return KVCache([t.clone() for t in cache.k], [t.clone() for t in cache.v], cache.lengths.clone())
+
+
+@torch.inference_mode()
+def teacher_forced_nll(
+    target: Transformer,
+    draft: Transformer | None,
+    sequences: list[list[int]],
+    context: int,
+    *,
+    gamma: int = 4,
+    hooks: list[SpecHooks | None] | SpecHooks | None = None,
+    prefill_chunk: int = 2048,
+) -> list[TeacherForcedResult] | TeacherForcedResult:
+    """NLL of tokens [context, len) of equal-length sequences under each policy in `hooks` (a
+    list gives a list of results). The first `context` tokens are the prompt; then windows
+    [cur, t_1..t_gamma] are verified and t_1..t_gamma+1 scored; the draft (if any) runs the same
+    tokens so policies get their lookahead signals."""
+    single = not isinstance(hooks, list)
+    runs = [hooks] if single else hooks
+    if len({len(s) for s in sequences}) != 1:
+        raise DustinError("teacher-forced sequences must have equal lengths")
+    total = len(sequences[0])
+    if not gamma + 2 <= context < total:
+        raise DustinError(f"context {context} must be in [{gamma + 2}, {total})")
+    if draft is None and any(h is not None and h.name != "full" for h in runs):
+        raise DustinError("a verification policy needs the draft")
+    device, B = target.device, len(sequences)
+    base = default_backend(device)
+    prompts = [s[:context] for s in sequences]
+    shared = context - 1 - (gamma + 1)  # rows every policy shares; the last gamma + 1 are its own
+    capacity = total + gamma + 2
+    tbase = target.allocate_cache(B, capacity)
+    prefill(target, tbase, [p[: shared + 1] for p in prompts], base, chunk=prefill_chunk)
+    dbase = None
+    if draft is not None:
+        dbase = draft.allocate_cache(B, capacity)
+        prefill(draft, dbase, [p[: shared + 1] for p in prompts], base, chunk=prefill_chunk)
+    results = []
+    for h in runs:
+        results.append(_run_one(target, draft, sequences, context, gamma, h or SpecHooks(), _copy(tbase),
+                                None if dbase is None else _copy(dbase), shared, base))
+    return results[0] if single else results
+
+
+def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, shared, base):
+    device, B, total = target.device, len(sequences), len(sequences[0])
+    t_backend = hooks.target_backend(base)
+    d_backend = hooks.draft_backend(base) if draft is not None else None
+    hooks.setup(tcache, dcache, gamma)
+    prompts = [s[:context] for s in sequences]
+    tail = hooks.prefill_tail(gamma)
+    prefill(target, tcache, prompts, t_backend, tail=tail, start=shared)
+    if draft is not None:
+        prefill(draft, dcache, prompts, d_backend, tail=tail, start=shared)
+    ids = torch.tensor(sequences, device=device)  # [B, total]
+    nll = torch.zeros(B, dtype=torch.float64, device=device)
+    count, windows, p = 0, 0, context - 1  # position of `cur`
+    while p + 1 < total:
+        w = min(gamma + 1, total - 1 - p)  # the last window may be shorter
+        window = ids[:, p : p + w]  # [B, w]: cur and the next w - 1 true tokens
+        hooks.before_draft()
+        if draft is not None:
+            for i in range(w):
+                draft(window[:, i : i + 1], dcache, d_backend, phase="draft", logits="none")
+                dcache.advance(1)
+        hooks.before_verify()
+        logits = target(window, tcache, t_backend, phase="verify")  # [B, w, V]
+        targets = ids[:, p + 1 : p + 1 + w]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        nll -= lp.sum(1).double()
+        count += w
+        advance = torch.full((B,), w, dtype=torch.int32, device=device)
+        tcache.advance(advance)
+        if dcache is not None:
+            dcache.set_lengths(tcache.lengths)
+        hooks.after_verify(torch.full((B,), w - 1, device=device), advance)
+        windows += 1
+        p += w
+    return TeacherForcedResult(nll.cpu().tolist(), [count] * B, windows, hooks.summary())
