@@ -2,8 +2,6 @@
 
 import json
 
-import torch
-
 from dustin_eval.passkey_eval import run_passkey
 from dustin_eval.pg19_eval import PolicyRun, run_pg19
 from dustin_eval.runtime_generator import RuntimeGenerator
