@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+
 import torch
 
 from dustin_runtime.errors import DustinError
@@ -29,6 +33,24 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in {f.name for f in dataclasses.fields(CUDAOptions)}
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch is usable: a CUDA device of compute capability >= 9 (Hopper),
+    not the interpreter, and a Triton with `gdc_wait` and the `launch_pdl` launch option."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9 and _triton_has_pdl()
 
 
 def ticket_counters(device: torch.device, n: int, name: str = "attention") -> torch.Tensor:

@@ -1,14 +1,25 @@
 """Selection of the verification set: sinks + recent window + top-m by one score + fill by another.
 
-Exact radix select on order-preserving uint32 keys of the fp32 scores: four 8-bit passes, each a
-histogram of the next digit among the candidates that share the prefix found so far, give the
-k-th largest key T and how many entries equal to T to take (the lowest positions first). A last
-pass marks the chosen positions and writes them in ascending order through prefix counts.
-No sort, no [B, N] temporary, one launch.
+Two launchers, chosen on the host by shape only:
 
-Each row is split over P programs (P = SMs // B, so the grid fits on the GPU at once; P = 1 in
-the interpreter). After each pass the P programs of a row add their histograms into a global one
-and meet at a barrier (an atomic counter they spin on); every program then derives the same
+Candidates + one ticket (default). Each row's middle [sinks, L - window) is split over P programs
+that hold their slice in registers. With the total order "larger key first, then lower position",
+the global top-m1 of a slice is among the slice's own top-m1 (U), and the global second pick in a
+slice is among U plus the slice's top-m2 of the secondary outside U; so each program writes at
+most m1 + m2 candidates (position, both keys) in position order, takes a ticket, and the last
+program of the row selects exactly over the P candidate lists and writes the sorted output. No
+program waits for another (no spin barrier). Each exact top-k is a bitwise threshold search on
+order-preserving uint32 keys (one block reduction per bit) that stops as soon as exactly k keys
+are at or above the threshold; when ties at the k-th key are cut, the lowest positions win via a
+prefix count.
+
+Radix with barriers (shapes whose slices or candidate lists do not fit in registers): four 8-bit
+passes, each a histogram of the next digit among the candidates that share the prefix found so
+far, give the k-th largest key T and how many entries equal to T to take (the lowest positions
+first). A last pass marks the chosen positions and writes them in ascending order through prefix
+counts. Each row is split over P programs (P = SMs // B, so the grid fits on the GPU at once; P = 1
+in the interpreter). After each pass the P programs of a row add their histograms into a global
+one and meet at a barrier (an atomic counter they spin on); every program then derives the same
 digit. A row's scratch (counters, histograms, per-program counts) is zeroed again by the last
 program to leave, so it is zero between launches (`_util.ticket_counters`, namespace "select").
 The barrier relies on all P programs of a row being resident together, which holds when nothing
@@ -221,6 +232,105 @@ def _select_kernel(
                     tl.store(scr + r, tl.zeros([BLOCK], tl.int32), mask=r < scr_stride)
 
 
+# ---------------------------------------------------------------- candidates + one ticket
+
+
+@triton.jit
+def _topk_mask(key, valid, k):
+    """Mask of the k largest keys among `valid` (uint32 order; ties: lower index in the block first).
+
+    Requires 0 <= k <= count(valid). Builds the threshold T bit by bit from the top, keeping
+    count(valid & key >= T) >= k, and stops as soon as that count is exactly k (then no tie is cut).
+    After all 32 bits T is the k-th largest key and its ties are ranked by a prefix count.
+    """
+    T = tl.zeros([], tl.uint32)
+    n_ge = tl.sum(valid.to(tl.int32), 0)
+    bit = tl.full([], 31, tl.int32)
+    while (n_ge != k) & (bit >= 0):
+        cand = T | (tl.full([], 1, tl.uint32) << bit.to(tl.uint32))
+        c = tl.sum((valid & (key >= cand)).to(tl.int32), 0)
+        take = c >= k
+        T = tl.where(take, cand, T)
+        n_ge = tl.where(take, c, n_ge)
+        bit -= 1
+    chosen = valid & (key >= T)
+    if n_ge != k:  # ties at the k-th key are cut: the lowest positions first
+        gt = valid & (key > T)
+        ieq = (valid & (key == T)).to(tl.int32)
+        need = k - tl.sum(gt.to(tl.int32), 0)
+        chosen = gt | ((ieq > 0) & (tl.cumsum(ieq, 0) - ieq < need))
+    return chosen
+
+
+@triton.jit
+def _select_ticket_kernel(
+    P1, S2, LENS, OUT, CPOS, CK1, CK2, CCNT, LOCKS,
+    spb, ssb, sob, slice_len, n_prog, budget, sinks, window, m1, m2,
+    HAS_SEC: tl.constexpr, BLOCK: tl.constexpr, CAPS: tl.constexpr, BLOCK2: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    p = tl.program_id(0)
+    b = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    L = tl.load(LENS + b)
+    ob = OUT + b64 * sob
+    if L <= budget:  # the whole context, then -1
+        if p == 0:
+            for start in range(0, budget, BLOCK_W):
+                n = start + tl.arange(0, BLOCK_W)
+                tl.store(ob + n, tl.where(n < L, n, -1), mask=n < budget)
+    else:
+        # phase 1: this program's slice of the middle [sinks, L - window), in registers
+        r = tl.arange(0, BLOCK)
+        n = sinks + p * slice_len + r
+        valid = (r < slice_len) & (n < L - window)
+        key1 = _ukey(tl.load(P1 + b64 * spb + n, mask=valid, other=0.0))
+        c = tl.sum(valid.to(tl.int32), 0)
+        k1 = tl.minimum(m1, c)
+        cand = _topk_mask(key1, valid, k1)
+        key2 = key1
+        if HAS_SEC:
+            key2 = _ukey(tl.load(S2 + b64 * ssb + n, mask=valid, other=0.0))
+            cand = cand | _topk_mask(key2, valid & ~cand, tl.minimum(m2, c - k1))
+        ic = cand.to(tl.int32)
+        slot = (b * n_prog + p).to(tl.int64) * CAPS
+        off = slot + tl.cumsum(ic, 0) - ic
+        tl.store(CPOS + off, n, mask=cand)
+        tl.store(CK1 + off, key1.to(tl.int32, bitcast=True), mask=cand)
+        if HAS_SEC:
+            tl.store(CK2 + off, key2.to(tl.int32, bitcast=True), mask=cand)
+        tl.store(CCNT + b * n_prog + p, tl.sum(ic, 0))
+        tl.debug_barrier()  # every thread's candidates are written before the ticket (release)
+        if tl.atomic_add(LOCKS + b, 1, sem="acq_rel") == n_prog - 1:
+            # phase 2 (last program of the row): exact selection over the candidate lists
+            j = tl.arange(0, BLOCK2)
+            jp = j // CAPS
+            jj = j % CAPS
+            cnt = tl.load(CCNT + b * n_prog + jp, mask=jp < n_prog, other=0, cache_modifier=".cg")
+            ok = jj < cnt
+            src = (b * n_prog + jp).to(tl.int64) * CAPS + jj
+            pos = tl.load(CPOS + src, mask=ok, other=0, cache_modifier=".cg")
+            ck1 = tl.load(CK1 + src, mask=ok, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+            sel = _topk_mask(ck1, ok, m1)
+            if HAS_SEC:
+                ck2 = tl.load(CK2 + src, mask=ok, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+                sel = sel | _topk_mask(ck2, ok & ~sel, m2)
+            for start in range(0, sinks, BLOCK_W):
+                w = start + tl.arange(0, BLOCK_W)
+                tl.store(ob + w, w, mask=w < sinks)
+            isel = sel.to(tl.int32)
+            tl.store(ob + sinks + tl.cumsum(isel, 0) - isel, pos, mask=sel)
+            for start in range(0, window, BLOCK_W):
+                w = start + tl.arange(0, BLOCK_W)
+                tl.store(ob + (budget - window) + w, L - window + w, mask=w < window)
+            tl.atomic_xchg(LOCKS + b, 0)
+
+
+
+MAX_SLICE = 8192  # ticket launcher: a program's slice of the middle, in registers (sm_90: no spills)
+MAX_CANDIDATES = 8192  # ticket launcher: the last program's candidate lists, in registers
+
+
 def select_indices(
     primary: torch.Tensor,
     secondary: torch.Tensor | None,
@@ -241,7 +351,8 @@ def select_indices(
     For L = cache_lens[b] <= budget: 0..L-1 then -1. Otherwise sinks [0, sinks), the window
     [L - window, L), the top-m of primary over [sinks, L - window), then the top
     (budget - sinks - window - m) of secondary over what remains; ties go to the lower position.
-    The caller guarantees sinks + window + m <= budget. Tuning keywords default to heuristics.
+    The caller guarantees sinks + window + m <= budget. Tuning keywords default to heuristics
+    (`block`: the most scores one program handles at a time).
     """
     require(primary.dim() == 2 and primary.dtype == torch.float32, "primary must be [B, N_max] float32")
     B, N = primary.shape
@@ -258,6 +369,56 @@ def select_indices(
     require(out.stride(1) == 1, "out rows must be contiguous")
     m1 = m if secondary is not None else budget - sinks - window
     m2 = budget - sinks - window - m1
+    plan = _ticket_plan(B, N, budget, sinks, window, m1, m2, primary.device, programs_per_row, block)
+    if plan is None:
+        return _select_barrier(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2,
+                               programs_per_row, block, num_warps)
+    return _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2, plan, num_warps)
+
+
+def _ticket_plan(B, N, budget, sinks, window, m1, m2, device, programs_per_row=None, block=None):
+    """(P, slice, BLOCK, CAPS, BLOCK2) for the ticket launcher, or None where it does not fit."""
+    span = max(1, N - sinks - window)  # the middle of any row lies in [sinks, N - window)
+    caps = max(16, next_pow2(m1 + m2))
+    if programs_per_row is not None:
+        P = max(1, int(programs_per_row))
+    else:  # one row per SM group, slices of >= 256 scores, candidate lists that fit the last program
+        P = max(1, min(num_sms(device) // B, MAX_CANDIDATES // caps, cdiv(span, 256)))
+        if block is not None:
+            P = max(P, cdiv(span, block))
+    slice_len = cdiv(span, P)
+    BLOCK = max(16, next_pow2(slice_len))
+    BLOCK2 = max(16, next_pow2(P * caps))
+    if BLOCK > MAX_SLICE or BLOCK2 > MAX_CANDIDATES:
+        return None
+    return P, slice_len, BLOCK, caps, BLOCK2
+
+
+def _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2, plan, num_warps=None):
+    B = primary.shape[0]
+    P, slice_len, BLOCK, caps, BLOCK2 = plan
+    dev = primary.device
+    sec = secondary if secondary is not None else primary
+    cpos = torch.empty(B * P * caps, dtype=torch.int32, device=dev)
+    ck1 = torch.empty(B * P * caps, dtype=torch.int32, device=dev)
+    ck2 = torch.empty(B * P * caps, dtype=torch.int32, device=dev) if secondary is not None else ck1
+    ccnt = torch.empty(B * P, dtype=torch.int32, device=dev)
+    locks = ticket_counters(dev, B, name="select_ticket")
+    if num_warps is None:  # registers: ~200 per thread at 16 scores a thread (two keys, position, masks)
+        num_warps = 8 if BLOCK <= 4096 and BLOCK2 <= 8192 else 16
+    _select_ticket_kernel[(P, B)](
+        primary, sec, cache_lens, out, cpos, ck1, ck2, ccnt, locks,
+        primary.stride(0), sec.stride(0), out.stride(0), slice_len, P, budget, sinks, window, m1, m2,
+        HAS_SEC=secondary is not None, BLOCK=BLOCK, CAPS=caps, BLOCK2=BLOCK2, BLOCK_W=128,
+        num_warps=num_warps,
+    )
+    return out
+
+
+def _select_barrier(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2,
+                    programs_per_row=None, block=None, num_warps=None):
+    """The radix launcher (module doc): rows split over P programs that meet at spin barriers."""
+    B, N = primary.shape
     sec = secondary if secondary is not None else primary
     interpreted = os.environ.get("TRITON_INTERPRET") == "1" or primary.device.type != "cuda"
     if programs_per_row is None:  # the whole grid must be resident at once (spin barriers)

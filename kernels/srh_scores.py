@@ -3,12 +3,16 @@
 score[b, n] = sum (or max) over selected heads h and queries m of
 softmax_n(q[b, h, m] . k[b, kv_heads[h], n] * scale), n < cache_lens[b]; 0 beyond.
 
-Two launches over the keys of the KV heads in use, nothing else:
+Two launches, one pass over the keys of the KV heads in use:
 1. stats: program (h, split, b) keeps the running max and sum of exp of its chunk's logits per
-   query; the last program of each (b, h) to take a ticket combines them into a log-sum-exp.
-2. scores: program (split, b) recomputes the logits of its chunk for every head, turns them into
-   probabilities with the log-sum-exp and reduces over heads and queries into out[b, chunk].
-   It walks the batch in reverse, so it starts on the keys pass 1 left in L2.
+   query and stores the logits (fp32, [B, Hs, M, N_max]: 4 M bytes per key position and head
+   instead of re-reading the 2 D bytes of its key); the last program of each (b, h) to take a
+   ticket combines the partial sums into a log-sum-exp.
+2. scores: program (chunk, b) turns the stored logits into probabilities with the log-sum-exp and
+   reduces over heads and queries into out[b, chunk].
+Where the logits would need more than `LOGITS_MAX_BYTES` of scratch, pass 2 instead recomputes
+them from the keys (a second pass over the keys; it walks the batch in reverse, so it starts on
+the keys pass 1 left in L2).
 """
 
 from __future__ import annotations
@@ -30,16 +34,18 @@ from dustin_kernels._util import (
 
 LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)
+LOGITS_MAX_BYTES = 1 << 30  # scratch for the stored logits; beyond it, two passes over the keys
 
 
 @triton.jit
 def _srh_stats_kernel(
-    Q, KVH, K, LENS, LSE, WML, LOCKS,
-    qk_scale, chunk, n_splits,
+    Q, KVH, K, LENS, LSE, WML, LOCKS, LG,
+    qk_scale, chunk, n_splits, n_max,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     HS: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
+    STORE_LOGITS: tl.constexpr = False,
 ):
     h = tl.program_id(0)
     split = tl.program_id(1)
@@ -65,6 +71,9 @@ def _srh_stats_kernel(
         k = tl.load(kb + rn[:, None] * skn + rd[None, :] * skd, mask=valid[:, None] & dmask[None, :],
                     other=0.0).to(tl.float32)
         s = tl.dot(k.to(DT), qt, input_precision=PREC) * qk_scale  # [BN, BM]: keys as the MMA's M side
+        if STORE_LOGITS:  # LG [B, HS, M, n_max]
+            lp = LG + ((b64 * HS + h) * M + rm[None, :]) * n_max + rn[:, None]
+            tl.store(lp, s, mask=valid[:, None] & mrow[None, :])
         s = tl.where(valid[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[None, :]), 0)
@@ -143,6 +152,42 @@ def _srh_score_kernel(
         tl.store(optrs, score, mask=omask)
 
 
+@triton.jit
+def _srh_prob_kernel(
+    LG, LENS, LSE, OUT, n_max, sob, son,
+    HS: tl.constexpr, M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_MP: tl.constexpr, BLOCK_N: tl.constexpr,
+    REDUCE_MAX: tl.constexpr, ACCUMULATE: tl.constexpr,
+):
+    """Pass 2 from stored logits: out[b, chunk] = sum/max over heads and queries of exp2(s - lse)."""
+    b = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    L = tl.load(LENS + b)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_MP)
+    mrow = rm < M
+    valid = rn < L
+    score = tl.zeros([BLOCK_N], tl.float32)
+    for h in tl.static_range(HS):
+        lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
+        lp = LG + ((b64 * HS + h) * M + rm[:, None]) * n_max + rn[None, :]
+        s = tl.load(lp, mask=mrow[:, None] & valid[None, :], other=float("-inf"))  # [BMP, BN]
+        p = tl.exp2(s - lse[:, None])
+        if REDUCE_MAX:
+            score = tl.maximum(score, tl.max(p, 0))
+        else:
+            score += tl.sum(p, 0)
+    score = tl.where(valid, score, 0.0)
+    optrs = OUT + b64 * sob + rn * son
+    omask = rn < n_max
+    if ACCUMULATE:
+        prev = tl.load(optrs, mask=omask, other=0.0)
+        if REDUCE_MAX:
+            score = tl.maximum(prev, score)
+        else:
+            score = prev + score
+    tl.store(optrs, score, mask=omask)
+
+
 def srh_scores(
     q: torch.Tensor,
     kv_heads: torch.Tensor,
@@ -165,7 +210,8 @@ def srh_scores(
     sum (reduce="sum") or max (reduce="max") over heads and queries of the softmax over
     n < cache_lens[b] of q . k * scale (default 1/sqrt(D)); 0 for n >= cache_lens[b].
     accumulate=True adds into (sum) or maxes into (max) the given `out` instead, leaving entries
-    n >= cache_lens[b] as they were. Reads only the keys of the KV heads used, twice.
+    n >= cache_lens[b] as they were. Reads only the keys of the KV heads used: once, or twice where
+    the stored logits would exceed `LOGITS_MAX_BYTES`.
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -199,12 +245,23 @@ def srh_scores(
     locks = ticket_counters(q.device, B * HS) if splits > 1 else lse
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
+    logits_bytes = B * HS * M * N * 4
+    store_logits = logits_bytes <= LOGITS_MAX_BYTES
+    lg = torch.empty(B * HS * M * N if store_logits else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](
-        q, kv_heads, k_cache, cache_lens, lse, wml, locks, qk_scale, chunk, splits,
+        q, kv_heads, k_cache, cache_lens, lse, wml, locks, lg, qk_scale, chunk, splits, N,
         *q.stride(), *k_cache.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
-        num_warps=num_warps, num_stages=num_stages,
+        STORE_LOGITS=store_logits, num_warps=num_warps, num_stages=num_stages,
     )
+    if store_logits:
+        block_p = 512
+        _srh_prob_kernel[(cdiv(N, block_p), B)](
+            lg, cache_lens, lse, out, N, *out.stride(),
+            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_p,
+            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=4,
+        )
+        return out
     chunk2 = cdiv(cdiv(N, max(1, min(cdiv(4 * num_sms(q.device), B), cdiv(N, block_n)))), block_n) * block_n
     _srh_score_kernel[(cdiv(N, chunk2), B)](
         q, kv_heads, k_cache, cache_lens, lse, out, qk_scale, chunk2, N, B,

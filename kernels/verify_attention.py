@@ -12,6 +12,14 @@ program, so the counters stay zero between launches (see `_util.ticket_counters`
 
 Scratch: the partials are allocated with `torch.empty` on each call (allowed under CUDA graph
 capture; the graph's pool keeps them). Launchers never read tensor values on the host.
+
+Programmatic dependent launch (sparse kernel, default where supported: Hopper and newer, a Triton
+with `gdc_wait` and `launch_pdl`): the kernel is launched while the previous kernel on the stream
+finishes and waits for it (`gdc_wait`) before it reads q, cache_lens, the new tokens, the indices
+and the rows they name, and before any write; it signals its own dependents only after that wait.
+Optionally (`prefetch`, off by default: measured slower at budgets >= 512, see kernels/NOTES.md)
+a program first reads its first `pf_rows` indices and asks L2 for those K/V rows (prefetch hints,
+before the wait: the early index reads only steer hints, so no result depends on them).
 """
 
 from __future__ import annotations
@@ -27,9 +35,15 @@ from dustin_kernels._util import (
     check_out,
     next_pow2,
     num_sms,
+    pdl_supported,
     require,
     ticket_counters,
 )
+
+try:  # grid dependency control (programmatic dependent launch); absent in older Triton
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - depends on the Triton version
+    gdc_launch_dependents = gdc_wait = None
 
 LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG_BIG - NEG_BIG) = 1, not NaN
@@ -49,9 +63,22 @@ def _update(q, k, v, allowed, m_i, l_i, acc, qk_scale, DT: tl.constexpr, PREC: t
 
 
 @triton.jit
+def _prefetch_l2(ptrs, nbytes, BULK: tl.constexpr):
+    """L2 prefetch: nbytes from each address (BULK, Hopper's bulk prefetch), else the 128-byte line
+    of each address. A hint: no result, no effect on any value."""
+    if BULK:
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                  [ptrs, tl.full(ptrs.shape, nbytes, tl.int32)], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+    else:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _verify_attn_kernel(
     Q, K, V, KN, VN, IDX, LENS, OUT, WACC, WML, LOCKS,
-    qk_scale, n_cols, chunk, n_splits,
+    qk_scale, n_cols, chunk, n_splits, pf_rows, row_bytes,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     svb, svg, svn, svd,
@@ -62,25 +89,49 @@ def _verify_attn_kernel(
     G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
     SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr,
+    HSPLIT: tl.constexpr = 1, PREFETCH: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 16, PF_LINES: tl.constexpr = 1,
+    PF_LINE_ELEMS: tl.constexpr = 64, GDC: tl.constexpr = False, COMBINE_STAGES: tl.constexpr = 1,
 ):
     split = tl.program_id(0)
-    g = tl.program_id(1)
+    g = tl.program_id(1) // HSPLIT  # HSPLIT programs share the K/V rows of group g, each with a
+    hs = tl.program_id(1) % HSPLIT  # slice of its query rows (the second reads hit L2)
     b = tl.program_id(2)
     b64 = b.to(tl.int64)
     g64 = g.to(tl.int64)
     DT: tl.constexpr = K.dtype.element_ty
+    ROWS: tl.constexpr = (HG * M + HSPLIT - 1) // HSPLIT
 
-    rq = tl.arange(0, BLOCK_Q)  # query row = local head * M + query index
+    rl = tl.arange(0, BLOCK_Q)  # this program's query rows
+    rq = hs * ROWS + rl  # query row = local head * M + query index
     rd = tl.arange(0, BLOCK_D)
-    qrow = rq < HG * M
+    qrow = (rl < ROWS) & (rq < HG * M)
     mq = rq % M
     hq = g * HG + rq // M
     dmask = rd < D
-    q = tl.load(Q + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd,
-                mask=qrow[:, None] & dmask[None, :], other=0.0).to(tl.float32).to(DT)  # [BQ, BD]
+    qptrs = Q + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd
+    qmask = qrow[:, None] & dmask[None, :]  # [BQ, BD]
 
     kb = K + b64 * skb + g64 * skg
     vb = V + b64 * svb + g64 * svg
+    lo = split * chunk
+    if SPARSE:
+        hi = tl.minimum(lo + chunk, n_cols)
+        ib = IDX + b64 * sib + g64 * sig
+        if PREFETCH > 0:  # ask L2 for this program's first pf_rows K/V rows at once (hints only)
+            for s0 in range(lo, tl.minimum(hi, lo + pf_rows), PF_BLOCK):
+                offs = s0 + tl.arange(0, PF_BLOCK)
+                r = tl.maximum(tl.load(ib + offs * sis, mask=offs < hi, other=0), 0)
+                if PREFETCH == 2:
+                    _prefetch_l2(kb + r * skn, row_bytes, True)
+                    _prefetch_l2(vb + r * svn, row_bytes, True)
+                else:  # one prefetch per 128-byte line of each row
+                    line = tl.arange(0, PF_LINES) * PF_LINE_ELEMS
+                    _prefetch_l2(kb + r[:, None] * skn + line[None, :], row_bytes, False)
+                    _prefetch_l2(vb + r[:, None] * svn + line[None, :], row_bytes, False)
+    if GDC:  # programmatic dependent launch: everything below may depend on the previous kernel
+        gdc_wait()
+        gdc_launch_dependents()
+    q = tl.load(qptrs, mask=qmask, other=0.0).to(tl.float32).to(DT)  # [BQ, BD]
     L = tl.load(LENS + b)
     # The M new tokens (split 0 only): loaded first so the loads overlap the main loop, used last.
     rn = tl.arange(0, BLOCK_NEW)
@@ -98,11 +149,7 @@ def _verify_attn_kernel(
     m_i = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    lo = split * chunk
-    if SPARSE:
-        hi = tl.minimum(lo + chunk, n_cols)
-        ib = IDX + b64 * sib + g64 * sig
-    else:
+    if not SPARSE:
         hi = tl.minimum(lo + chunk, L)
     for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
@@ -125,22 +172,22 @@ def _verify_attn_kernel(
     if n_splits == 1:  # an int argument equal to 1 is specialised: this branch folds at compile time
         tl.store(optrs, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=omask)
     else:
-        pair = b * G + g
+        pair = (b * G + g) * HSPLIT + hs
         slot = (pair * n_splits + split).to(tl.int64)
-        wq = rq[:, None] * BLOCK_D + rd[None, :]
+        wq = rl[:, None] * BLOCK_D + rd[None, :]
         tl.store(WACC + slot * (BLOCK_Q * BLOCK_D) + wq, acc, mask=omask)
-        tl.store(WML + slot * (2 * BLOCK_Q) + rq, m_i, mask=qrow)
-        tl.store(WML + slot * (2 * BLOCK_Q) + BLOCK_Q + rq, l_i, mask=qrow)
+        tl.store(WML + slot * (2 * BLOCK_Q) + rl, m_i, mask=qrow)
+        tl.store(WML + slot * (2 * BLOCK_Q) + BLOCK_Q + rl, l_i, mask=qrow)
         tl.debug_barrier()  # every thread's partial is written before the ticket (release)
         ticket = tl.atomic_add(LOCKS + pair, 1, sem="acq_rel")
         if ticket == n_splits - 1:  # last to arrive: combine all partials of (b, g)
             m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
             l_r = tl.zeros([BLOCK_Q], tl.float32)
             a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-            for s in range(n_splits):
+            for s in tl.range(0, n_splits, num_stages=COMBINE_STAGES):  # > 1: pipelined (not faster)
                 ws = (pair * n_splits + s).to(tl.int64)
-                m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rq, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
-                l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rq, mask=qrow, other=0.0, cache_modifier=".cg")
+                m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rl, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
+                l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rl, mask=qrow, other=0.0, cache_modifier=".cg")
                 a_s = tl.load(WACC + ws * (BLOCK_Q * BLOCK_D) + wq, mask=omask, other=0.0, cache_modifier=".cg")
                 m_n = tl.maximum(m_r, m_s)
                 c_r = tl.exp2(m_r - m_n)
@@ -173,19 +220,23 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
 
 
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
-            sparse, num_splits, block_n, num_warps, num_stages):
+            sparse, num_splits, block_n, num_warps, num_stages, pdl=None, head_split=None, prefetch=None,
+            combine_stages=1):
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
     out = check_out(out, (B, H, M, D), q.dtype, q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    BLOCK_Q = max(16, next_pow2(HG * M))
+    hsplit = max(1, min(int(head_split or 1), HG * M))
+    BLOCK_Q = max(16, next_pow2(cdiv(HG * M, hsplit)))
     BLOCK_D = max(16, next_pow2(D))
     BLOCK_NEW = max(16, next_pow2(M))
     span = n_cols if sparse else k_cache.shape[2]  # rows to split (host-known bound)
     sms = num_sms(q.device)
     if num_splits is None:  # measured on the H200, see kernels/NOTES.md
         if sparse:  # fill the GPU once, no more: every extra split adds a partial and the combine
-            num_splits = max(1, min(sms // (B * G), cdiv(max(span, 1), 32)))
+            num_splits = max(1, min(sms // (B * G * hsplit), cdiv(max(span, 1), 32)))
+        elif B * G * 4 <= sms:  # small batch: ~2 programs per SM, so the serial combine stays short
+            num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
         else:  # ~6 programs per SM for the full cache
             num_splits = max(1, min(round(6 * sms / (B * G)), cdiv(max(span, 1), 32)))
     if block_n is None:
@@ -202,10 +253,28 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     splits = max(1, cdiv(max(span, 1), chunk))
     if num_warps is None:
         num_warps = 8 if BLOCK_Q >= 128 else 4
+    esize = q.element_size()
+    row_bytes = D * esize
+    if prefetch is None:  # off: slower at S >= 512 on the H200 (kernels/NOTES.md, round 2)
+        prefetch = 0
+    if not (sparse and q.is_cuda and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and row_bytes % 16 == 0):
+        prefetch = 0  # hints need a GPU, contiguous rows; the bulk form 16-byte multiples
+    if prefetch == 2 and not pdl_supported(q.device):
+        prefetch = 1  # the bulk prefetch is a Hopper instruction
+    pf_rows = 0
+    if prefetch:  # what the L2 can hold for all programs at once, rounded to the prefetch block
+        l2 = getattr(torch.cuda.get_device_properties(q.device), "L2_cache_size", 50 << 20)
+        per_row = 2 * row_bytes * B * G * hsplit * splits
+        pf_rows = min(chunk, max(16, int(0.6 * l2 // per_row) // 16 * 16))
+    pf_block = min(512, max(16, next_pow2(pf_rows)))
+    if pdl is None:
+        pdl = sparse
+    gdc = bool(pdl) and sparse and pdl_supported(q.device)
+    pairs = B * G * hsplit
     if splits > 1:
-        wacc = torch.empty(B * G * splits * BLOCK_Q * BLOCK_D, dtype=torch.float32, device=q.device)
-        wml = torch.empty(B * G * splits * 2 * BLOCK_Q, dtype=torch.float32, device=q.device)
-        locks = ticket_counters(q.device, B * G)
+        wacc = torch.empty(pairs * splits * BLOCK_Q * BLOCK_D, dtype=torch.float32, device=q.device)
+        wml = torch.empty(pairs * splits * 2 * BLOCK_Q, dtype=torch.float32, device=q.device)
+        locks = ticket_counters(q.device, pairs)
     else:
         wacc = wml = locks = out  # unused
     kn, vn = (k_new, v_new) if k_new is not None else (k_cache, v_cache)
@@ -215,15 +284,18 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         isb, isg, iss = idx.stride(0), 0, idx.stride(1)
     else:
         isb, isg, iss = idx.stride()
-    _verify_attn_kernel[(splits, G, B)](
+    extra = {"launch_pdl": True} if gdc else {}
+    _verify_attn_kernel[(splits, G * hsplit, B)](
         q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
-        scale * LOG2E, n_cols, chunk, splits,
+        scale * LOG2E, n_cols, chunk, splits, pf_rows, row_bytes,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn.stride(), *vn.stride(),
         isb, isg, iss, *out.stride(),
         G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        HSPLIT=hsplit, PREFETCH=prefetch, PF_BLOCK=pf_block, PF_LINES=cdiv(row_bytes, 128),
+        PF_LINE_ELEMS=128 // esize, GDC=gdc, COMBINE_STAGES=combine_stages,
+        num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
 
@@ -270,6 +342,9 @@ def sparse_verify_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    pdl: bool | None = None,
+    head_split: int | None = None,
+    prefetch: int | None = None,
 ) -> torch.Tensor:
     """Attention of M verification queries over a selected set of cache rows: [B, H, M, D].
 
@@ -278,6 +353,10 @@ def sparse_verify_attention(
     0..j (same new-token convention as `full_verify_attention`). Each selected K/V row is loaded
     once for all query heads of its group and all M queries; the set is split across programs
     when B * G alone cannot fill the GPU, and the partials are combined in the same launch.
+    pdl (default on where supported) lets the kernel's start overlap the previous kernel (module
+    doc); prefetch (0 off (default), 1 per line, 2 bulk) asks L2 for the selected rows up front;
+    head_split > 1 gives each group's query rows to that many programs that read the same K/V
+    rows. Other tuning keywords as in `full_verify_attention`.
     """
     B = q.shape[0]
     G = k_cache.shape[1] if k_cache.dim() == 4 else 0
@@ -286,4 +365,4 @@ def sparse_verify_attention(
             f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
     require(indices.device == q.device, "indices must be on the same device as q")
     return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
-                   True, num_splits, block_n, num_warps, num_stages)
+                   True, num_splits, block_n, num_warps, num_stages, pdl, head_split, prefetch)

@@ -83,3 +83,70 @@ def test_gpu_programs_per_row(B, N, distinct, with_secondary):
         out = torch.full((B, 512), -7, dtype=torch.int32, device="cuda")
         select_indices(p, s, cl, out=out, **kw)
         assert torch.equal(out, ref)
+
+
+# ---- both launchers (candidates + ticket, radix + barriers) against the reference ----
+
+# (N_max, lens, budget, sinks, window, m, programs_per_row)
+PATH_CASES = [
+    (300, [300, 64, 10, 65], 64, 4, 8, 20, 3),  # P not a power of two
+    (330, [330, 300], 40, 2, 5, 30, 8),  # slices shorter than m: every valid score is a candidate
+    (257, [257, 200], 37, 0, 0, 0, 2),  # m = 0: the second score picks everything
+    (500, [499, 300], 50, 3, 4, 43, 4),  # m covers the whole remainder: nothing left for the second
+    (90, [90, 60], 20, 1, 1, 5, 1),
+]
+
+
+@pytest.mark.parametrize("case", PATH_CASES)
+@pytest.mark.parametrize("distinct", [True, False])
+@pytest.mark.parametrize("launcher", ["ticket", "barrier"])
+def test_launchers_match_reference(case, distinct, launcher):
+    from dustin_kernels.select import _select_barrier, _select_ticket, _ticket_plan
+
+    N, lens, budget, sinks, window, m, P = case
+    dev = _device()
+    gen = torch.Generator().manual_seed(100 + PATH_CASES.index(case))
+    B = len(lens)
+    for with_secondary in (True, False):
+        p = _scores(B, N, gen, distinct).to(dev)
+        s = _scores(B, N, gen, distinct).to(dev) if with_secondary else None
+        cl = torch.tensor(lens, dtype=torch.int32, device=dev)
+        m1 = m if with_secondary else budget - sinks - window
+        m2 = budget - sinks - window - m1
+        out = torch.full((B, budget), -7, dtype=torch.int32, device=dev)
+        if launcher == "ticket":
+            plan = _ticket_plan(B, N, budget, sinks, window, m1, m2, torch.device(dev), programs_per_row=P)
+            _select_ticket(p, s, cl, out, budget, sinks, window, m1, m2, plan)
+        else:
+            _select_barrier(p, s, cl, out, budget, sinks, window, m1, m2, block=64)
+        ref = select_indices_ref(p, s, cl, budget=budget, sinks=sinks, window=window, m=m)
+        assert torch.equal(out.cpu(), ref.cpu()), (with_secondary, out, ref)
+
+
+def test_ticket_counters_return_to_zero():
+    from dustin_kernels._util import ticket_counters
+
+    dev = _device()
+    gen = torch.Generator().manual_seed(3)
+    p, s = _scores(2, 400, gen).to(dev), _scores(2, 400, gen).to(dev)
+    cl = torch.tensor([400, 390], dtype=torch.int32, device=dev)
+    select_indices(p, s, cl, budget=64, sinks=4, window=8, m=20, programs_per_row=3)
+    assert int(ticket_counters(torch.device(dev), 2, name="select_ticket")[:2].abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,distinct,with_secondary", [(16, 32773, True, True), (3, 9000, False, True),
+                                                          (1, 65541, True, False)])
+def test_gpu_barrier_launcher(B, N, distinct, with_secondary):
+    """The radix launcher with several programs per row (spin barriers) still matches."""
+    from dustin_kernels.select import _select_barrier
+
+    gen = torch.Generator().manual_seed(B + 1)
+    p = _scores(B, N, gen, distinct).cuda()
+    s = _scores(B, N, gen, distinct).cuda() if with_secondary else None
+    cl = torch.randint(N // 2, N + 1, (B,), generator=gen).to(torch.int32).cuda()
+    m1 = 216 if with_secondary else 512 - 80
+    ref = select_indices_ref(p, s, cl, budget=512, sinks=16, window=64, m=216)
+    out = torch.full((B, 512), -7, dtype=torch.int32, device="cuda")
+    _select_barrier(p, s, cl, out, 512, 16, 64, m1, 512 - 80 - m1)
+    assert torch.equal(out, ref)

@@ -90,3 +90,33 @@ def test_gpu_bf16(reduce):
     out = poisoned((B, N), torch.float32, "cuda")
     srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out)
     assert rel_err(out, srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_two_pass_fallback_matches(reduce, monkeypatch):
+    """Without scratch for the logits, pass 2 recomputes them from the keys: same result."""
+    import importlib
+
+    mod = importlib.import_module("dustin_kernels.srh_scores")  # the package's `srh_scores` is the function
+
+    dev = _device()
+    q, kv_heads, k, lens = _inputs(2, 2, 3, 16, 2, 50, [1, 0], torch.float32, dev, seed=6)
+    out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16)
+    monkeypatch.setattr(mod, "LOGITS_MAX_BYTES", 0)
+    out2 = poisoned((2, 50), torch.float32, dev)
+    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out2, block_n=16)
+    assert rel_err(out2, out) <= 1e-5
+    assert rel_err(out2, srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_two_pass_fallback(monkeypatch):
+    import importlib
+
+    mod = importlib.import_module("dustin_kernels.srh_scores")
+    monkeypatch.setattr(mod, "LOGITS_MAX_BYTES", 0)
+    B, Hs, M, D, G, N = 4, 3, 5, 128, 8, 9001
+    q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, [0, 5, 5], torch.bfloat16, "cuda", seed=22)
+    out = poisoned((B, N), torch.float32, "cuda")
+    srh_scores(q, kv_heads, k, lens, out=out)
+    assert rel_err(out, srh_scores_ref(q, kv_heads, k, lens)) <= TOL[torch.bfloat16]
