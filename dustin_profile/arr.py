@@ -1,0 +1,128 @@
+"""Attention Recovery Rate (ARR) of verification sets on recorded calibration statistics.
+
+For one verification pass with context L, A [L] is the target's true attention averaged over
+layers, query heads and the gamma + 1 verification queries, and `new` the average mass on the new
+tokens. By linearity ARR(I) = sum_{i in I} A[i] + new, so ARR = 1 when I covers the context.
+
+The runtime's set (`select_indices`): sinks [0, sinks) + window [L - window, L) + the top-m of
+the draft signal over the middle + the top (F - m) of the target signal over what remains, with
+F = S - sinks - window, ties to the lower position; all of [0, L) when L <= S.
+`arr_grid` evaluates that set for many m at once from two stable sorts (each ranking needs only
+its top F); `arr_exact` goes through `select_indices` itself (the test pins them together)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CalibStats:
+    """Recorded statistics of all verification passes (P of them), padded to N positions."""
+
+    lengths: torch.Tensor  # [P] int64: context rows L of each pass
+    attn: torch.Tensor  # [P, N] fp32: A (0 past L)
+    new_mass: torch.Tensor  # [P] fp32
+    draft: torch.Tensor  # [Cd, P, N] fp32: draft lookahead signal of each draft KV head
+    target: torch.Tensor  # [Ct, P, N] fp32: target history signal of each target KV head
+    layer_attn: torch.Tensor | None = None  # [P, Lt, N] fp16: per-layer A
+    layer_new: torch.Tensor | None = None  # [P, Lt]
+    quest: torch.Tensor | None = None  # [P, Lt, nb]: Quest's per-layer ARR at `quest_budgets`
+    quest_budgets: tuple[int, ...] = ()
+
+    @property
+    def num_passes(self) -> int:
+        return self.attn.shape[0]
+
+    def to(self, device) -> CalibStats:
+        move = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return CalibStats(**move)
+
+
+def middle_mask(lengths: torch.Tensor, N: int, sinks: int, window: int) -> torch.Tensor:
+    """[P, N] bool: the positions [sinks, L - window) that the signals choose from."""
+    pos = torch.arange(N, device=lengths.device)
+    return (pos >= sinks) & (pos < (lengths.view(-1, 1) - window))
+
+
+def ranking(signal: torch.Tensor, middle: torch.Tensor, top: int) -> torch.Tensor:
+    """[P, top] positions of the middle by descending signal, ties to the lower position."""
+    s = signal.masked_fill(~middle, float("-inf"))
+    return torch.sort(s, dim=1, descending=True, stable=True).indices[:, :top]
+
+
+def _base(stats: CalibStats, sinks: int, window: int) -> torch.Tensor:
+    """[P]: the mass on sinks + window + new tokens."""
+    P, N = stats.attn.shape
+    pos = torch.arange(N, device=stats.attn.device)
+    L = stats.lengths.view(-1, 1)
+    fixed = (pos < L) & ((pos < sinks) | (pos >= L - window))
+    return (stats.attn * fixed).sum(1) + stats.new_mass
+
+
+def arr_from_rankings(stats: CalibStats, base: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
+                      free: int, ms: list[int], budget: int) -> torch.Tensor:
+    """[K, P] ARR for each m in `ms`, from the draft ranking `first` and target ranking `second`."""
+    A = stats.attn
+    P, F = first.shape
+    dev = A.device
+    cum1 = torch.cat([torch.zeros(P, 1, device=dev), A.gather(1, first).cumsum(1)], dim=1)  # [P, F + 1]
+    rank1 = torch.full_like(A, F, dtype=torch.long).scatter_(1, first, torch.arange(F, device=dev).expand(P, F))
+    r2 = rank1.gather(1, second)  # [P, F]
+    a2 = A.gather(1, second)
+    mt = torch.tensor(ms, device=dev)
+    avail = r2.unsqueeze(0) >= mt.view(-1, 1, 1)  # [K, P, F]: not already taken by the draft
+    keep = avail & (avail.cumsum(-1) <= (free - mt).view(-1, 1, 1))
+    out = base + cum1[:, mt.clamp_max(F)].T + (a2 * keep).sum(-1)  # [K, P]
+    full = stats.lengths <= budget
+    return torch.where(full, A.sum(1) + stats.new_mass, out)
+
+
+def arr_grid(stats: CalibStats, primary: torch.Tensor | None, secondary: torch.Tensor | None, *,
+             budget: int, sinks: int, window: int, ms: list[int]) -> torch.Tensor:
+    """[K, P] ARR of the runtime's set for each m in `ms` (primary: draft signal [P, N],
+    secondary: target signal; None = all zeros)."""
+    P, N = stats.attn.shape
+    free = budget - sinks - window
+    top = min(free, N)
+    middle = middle_mask(stats.lengths, N, sinks, window)
+    zeros = torch.zeros_like(stats.attn)
+    first = ranking(zeros if primary is None else primary, middle, top)
+    second = ranking(zeros if secondary is None else secondary, middle, top)
+    return arr_from_rankings(stats, _base(stats, sinks, window), first, second, free, ms, budget)
+
+
+def select(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, window: int, m: int) -> torch.Tensor:
+    """The runtime's selection itself: [P, budget] int32 (-1 padded), through `select_indices`
+    (the Triton kernel on CUDA, its reference elsewhere)."""
+    if stats.attn.device.type == "cuda":
+        from dustin_kernels import select_indices as sel
+    else:
+        from dustin_kernels import select_indices_ref as sel
+    zeros = torch.zeros_like(stats.attn)
+    prim = (zeros if primary is None else primary).float().contiguous()
+    sec = (zeros if secondary is None else secondary).float().contiguous()
+    lens = stats.lengths.to(torch.int32)
+    return sel(prim, sec, lens, budget=budget, sinks=sinks, window=window, m=m)
+
+
+def mass_on(weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Sum of weights [P, ..., N] over the index sets idx [P, S] (-1 = none): [P, ...]."""
+    valid = idx >= 0
+    i = idx.clamp_min(0).long()
+    if weights.dim() == 2:
+        return (weights.gather(1, i) * valid).sum(-1)
+    w = weights.float().gather(2, i.unsqueeze(1).expand(-1, weights.shape[1], -1))
+    return (w * valid.unsqueeze(1)).sum(-1)
+
+
+def arr_exact(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, window: int, m: int) -> torch.Tensor:
+    """[P] ARR of the set `select_indices` picks."""
+    idx = select(stats, primary, secondary, budget=budget, sinks=sinks, window=window, m=m)
+    return mass_on(stats.attn, idx) + stats.new_mass
+
+
+def layer_arr(stats: CalibStats, idx: torch.Tensor) -> torch.Tensor:
+    """[Lt] per-layer ARR of index sets idx [P, S], averaged over passes."""
+    return (mass_on(stats.layer_attn, idx) + stats.layer_new).mean(0)

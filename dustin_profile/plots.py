@@ -1,0 +1,87 @@
+"""PNG plots beside a profile, drawn from its parquet tables: per-layer ARR of the draft vs the
+target signal (complementarity), ARR over the greedy rounds, ARR vs budget of every method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dustin_profile.artifact import Profile
+
+STYLE = {
+    "dustin": dict(color="C3", lw=2.2, marker="o"),
+    "draft-only": dict(color="C0", ls="--"),
+    "target-only": dict(color="C1", ls="--"),
+    "chosen draft heads": dict(color="C0"),
+    "chosen target heads": dict(color="C1"),
+    "streamingllm": dict(color="C7", ls=":"),
+    "quest": dict(color="C2", ls="-."),
+    "oracle": dict(color="k", ls=":"),
+}
+
+
+def _title(prof: Profile, what: str) -> str:
+    return (f"{what}\ntarget {prof.target.id} / draft {prof.draft.id}, context {prof.calibration.get('context')}, "
+            f"S = {prof.budget}")
+
+
+def write_plots(out: Path, prof: Profile) -> dict[str, str]:
+    """Write the three plots next to `out` (needs the tables written already)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    import pandas as pd
+
+    def table(name):
+        return pd.read_parquet(out.parent / prof.tables[name])
+
+    names = {}
+
+    def save(fig, name):
+        path = out.with_suffix(f".{name}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        names[f"plot_{name}"] = path.name
+
+    layers = table("layers")
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for method, df in layers.groupby("method", sort=False):
+        ax.plot(df["layer"], df["arr"], label=method, **STYLE.get(method, {}))
+    ax.set_xlabel("target layer")
+    ax.set_ylabel("ARR of the layer's attention")
+    ax.set_title(_title(prof, "Per-layer ARR: draft lookahead vs target history signal"), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, "complementarity")
+
+    rounds = table("rounds")
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    ax.plot(rounds["round"], rounds["arr"], **STYLE["dustin"], label="dustin (greedy)")
+    for _, r in rounds.iterrows():
+        if isinstance(r["added"], str):
+            ax.annotate(f"{r['added']}\nm={r['m']}", (r["round"], r["arr"]), fontsize=7,
+                        textcoords="offset points", xytext=(0, -22), ha="center")
+    for k, v in prof.arr_baselines.items():
+        ax.axhline(v, label=k, **{kk: vv for kk, vv in STYLE.get(k, {}).items() if kk != "marker"})
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("greedy round (heads chosen)")
+    ax.set_ylabel("ARR")
+    ax.set_title(_title(prof, "ARR over the greedy rounds of Algorithm 1"), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    save(fig, "rounds")
+
+    budgets = table("budgets")
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for method, df in budgets.groupby("method", sort=False):
+        ax.plot(df["budget"], df["arr"], label=method, **{"marker": ".", **STYLE.get(method, {})})
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("budget S (tokens)")
+    ax.set_ylabel("ARR")
+    ax.set_title(_title(prof, "ARR vs budget"), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, "budget")
+    return names

@@ -1,0 +1,343 @@
+"""`dustin profile`: calibration windows -> recorded ground truth (resumable, one file per window)
+-> Algorithm 1 -> baselines -> the profile artifact with its parquet tables and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dustin_profile import calibration as cal
+from dustin_profile.arr import CalibStats, arr_exact
+from dustin_profile.artifact import HeadChoice, ModelInfo, Profile, model_info
+from dustin_profile.baselines import baseline_arrs
+from dustin_profile.candidates import candidates_of
+from dustin_profile.groundtruth import record_window
+from dustin_profile.search import (
+    SearchConfig,
+    SearchResult,
+    budget_sweep,
+    greedy_search,
+    signal_sums,
+)
+from dustin_profile.tables import write_tables
+from dustin_runtime.config import ModelConfig
+from dustin_runtime.errors import DustinError
+
+WORK_VERSION = 1
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CALIB = REPO.parent / "shared" / "corpus" / "gutenberg" / "calib"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Everything a profiling run depends on (the CLI's options)."""
+
+    target: str
+    draft: str
+    out: str
+    calib: tuple[str, ...] = ()  # empty: ../shared/corpus/gutenberg/calib
+    context: int = 8192
+    windows: int = 16
+    positions: int = 8  # verification passes per window
+    budget: int = 512
+    gamma: int = 4
+    sinks: int = 4
+    window: int = 64
+    budgets: tuple[int, ...] = (128, 256, 512, 1024)  # ARR-vs-budget and m_by_budget
+    max_heads: int = 8
+    epsilon: float = 1e-3
+    m_points: int = 9
+    seed: int = 0
+    verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
+    text_field: str = "text"
+    device: str = "auto"
+    dtype: str = "auto"
+    prefill_chunk: int = 2048
+
+    @property
+    def calib_paths(self) -> tuple[str, ...]:
+        return self.calib or (str(DEFAULT_CALIB),)
+
+    @property
+    def all_budgets(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.budgets, self.budget}))
+
+    def check(self) -> None:
+        if self.gamma < 1:
+            raise DustinError("--gamma must be >= 1")
+        if min(self.sinks, self.window) < 0 or self.budget < self.sinks + self.window:
+            raise DustinError(f"--budget {self.budget} must be >= --sinks + --window ({self.sinks} + {self.window})")
+        bad = [b for b in self.budgets if b < self.sinks + self.window]
+        if bad:
+            raise DustinError(f"budgets {bad} are smaller than sinks + window ({self.sinks + self.window})")
+        if self.windows < 1 or self.positions < 1 or self.max_heads < 1 or self.m_points < 1:
+            raise DustinError("--windows, --positions, --max-heads and --m-points must be >= 1")
+        if self.epsilon < 0:
+            raise DustinError("--epsilon must be >= 0")
+        if self.verify_tokens not in ("draft", "text"):
+            raise DustinError("--verify-tokens must be 'draft' or 'text'")
+        if not self.out.endswith(".json"):
+            raise DustinError(f"--out {self.out}: the profile is a .json file")
+
+
+@dataclass
+class RunResult:
+    profile: Profile
+    path: Path
+    search: SearchResult
+    recorded: int  # windows recorded in this run (the others were resumed)
+    seconds: dict = field(default_factory=dict)
+
+
+def tool_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("dustin")
+    except Exception:
+        return "unknown"
+
+
+def git_commit() -> str:
+    """HEAD of the repository (with `-dirty` when the work tree has changes), or 'unknown'."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        if head.returncode:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: int, context: int,
+                dtype_bytes: int = 2) -> dict:
+    """Key bytes the estimator reads per step (chosen draft heads over the draft cache, chosen
+    target heads over the target cache) vs the K+V bytes full verification reads."""
+    key = (n_draft * dcfg.head_dim + n_target * tcfg.head_dim) * context * dtype_bytes
+    full = 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * context * dtype_bytes
+    return {
+        "share": key / full,
+        "key_bytes_per_step": key,
+        "full_cache_bytes_per_step": full,
+        "context": context,
+        "dtype_bytes": dtype_bytes,
+        "draft_kv_heads": n_draft,
+        "target_kv_heads": n_target,
+        "note": "one pass over the keys of each chosen KV head per sequence; the fused srh_scores "
+                "kernel reads them twice (share x 2)",
+    }
+
+
+def _relative(p: str) -> str:
+    """A path relative to the repository (e.g. ../shared/...) when it is close to it."""
+    rel = os.path.relpath(Path(p).resolve(), REPO)
+    return p if rel.startswith(os.path.join("..", "..")) else rel
+
+
+def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: torch.dtype) -> dict:
+    """What the recorded windows depend on: a resumed run must match it."""
+    return {
+        "work_version": WORK_VERSION,
+        "target": [tinfo.config_hash, tinfo.tokenizer_hash],
+        "draft": [dinfo.config_hash, dinfo.tokenizer_hash],
+        "context": cfg.context,
+        "positions": cfg.positions,
+        "gamma": cfg.gamma,
+        "quest_budgets": list(cfg.all_budgets),
+        "verify_tokens": cfg.verify_tokens,
+        "dtype": str(dtype).removeprefix("torch."),
+        "seed": cfg.seed,
+    }
+
+
+def _open_work(work: Path, key: dict, restart: bool) -> None:
+    meta = work / "meta.json"
+    if restart and work.exists():
+        shutil.rmtree(work)
+    if meta.is_file():
+        old = json.loads(meta.read_text())
+        if old != key:
+            diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
+            raise DustinError(f"{work} holds windows recorded with other settings ({', '.join(diff)}); "
+                              "pass --restart to discard them or choose another --out")
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps(key, indent=1))
+
+
+def _load_window(path: Path, whash: str) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        rec = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    return rec if rec.get("window_hash") == whash else None
+
+
+def stack_windows(recs: list[dict], budgets: tuple[int, ...]) -> CalibStats:
+    """All windows' passes as one `CalibStats` (windows share the positions, hence N)."""
+    cat = {k: torch.cat([r[k] for r in recs], dim=1 if k in ("draft", "target") else 0)
+           for k in ("lengths", "attn", "new_mass", "draft", "target", "layer_attn", "layer_new", "quest")}
+    return CalibStats(quest_budgets=tuple(budgets), **cat)
+
+
+def _progress(console):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, transient=False)
+
+
+def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart: bool = False) -> RunResult:
+    """Profile a target/draft pair and write the artifact (see the module docstring)."""
+    from rich.console import Console
+
+    from dustin_runtime import pipeline
+    from dustin_runtime.loader import read_config, resolve_checkpoint
+    from dustin_runtime.tokenizer import check_same_vocab, vocab_hash
+
+    console = console or Console(stderr=True)
+    cfg.check()
+    t0 = time.perf_counter()
+    device = pipeline.pick_device(cfg.device)
+    dtype = pipeline.pick_dtype(cfg.dtype, device)
+    for spec in (cfg.target, cfg.draft):
+        mcfg = read_config(resolve_checkpoint(spec))
+        if cfg.context + cfg.gamma + 1 > mcfg.max_position_embeddings:
+            raise DustinError(f"--context {cfg.context} + gamma + 1 exceeds {spec}'s context of "
+                              f"{mcfg.max_position_embeddings} tokens; use --context <= "
+                              f"{mcfg.max_position_embeddings - cfg.gamma - 1}")
+    with console.status("loading models"):
+        tgt = pipeline.load(cfg.target, dtype=dtype, device=device)
+        drf = pipeline.load(cfg.draft, dtype=dtype, device=device)
+    tinfo = model_info(tgt.model_id, tgt.model.cfg, vocab_hash(tgt.tokenizer))
+    dinfo = model_info(drf.model_id, drf.model.cfg, vocab_hash(drf.tokenizer))
+    if tinfo.tokenizer_hash != dinfo.tokenizer_hash:
+        check_same_vocab(tgt.tokenizer, drf.tokenizer, tgt.model_id, drf.model_id)
+    positions = cal.verification_positions(cfg.context, cfg.gamma, cfg.positions)
+    with console.status("cutting calibration windows"):
+        docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
+        windows = cal.cut_windows(tgt.tokenizer, docs, cfg.windows, cfg.context + cfg.gamma + 1, cfg.seed)
+    out = Path(cfg.out)
+    work = out.with_suffix(".work")
+    _open_work(work, record_key(cfg, tinfo, dinfo, dtype), restart)
+    recs, recorded = [], 0
+    t_rec = time.perf_counter()
+    with _progress(console) as bar:
+        task = bar.add_task("recording windows", total=len(windows))
+        for i, w in enumerate(windows):
+            path = work / f"w{i:03d}.pt"
+            whash = cal.windows_hash([w])
+            rec = _load_window(path, whash)
+            if rec is None:
+                bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
+                rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
+                                    quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
+                                    prefill_chunk=cfg.prefill_chunk)
+                rec["window_hash"] = whash
+                tmp = path.with_suffix(".tmp")
+                torch.save(rec, tmp)
+                tmp.replace(path)
+                recorded += 1
+            recs.append(rec)
+            bar.advance(task)
+    t_rec = time.perf_counter() - t_rec
+    stats = stack_windows(recs, cfg.all_budgets).to(device)
+    cands = candidates_of(drf.model.cfg, "draft") + candidates_of(tgt.model.cfg, "target")
+    scfg = SearchConfig(cfg.budget, cfg.sinks, cfg.window, cfg.max_heads, cfg.epsilon, cfg.m_points)
+    t_search = time.perf_counter()
+    with _progress(console) as bar:
+        task = bar.add_task("greedy search", total=len(cands))
+
+        def tick(r, done, total):
+            bar.update(task, description=f"greedy search, round {r}", completed=done, total=total)
+
+        res = greedy_search(stats, cands, scfg, progress=tick)
+    sweep = budget_sweep(stats, cands, res.chosen, list(cfg.all_budgets), cfg.sinks, cfg.window, cfg.m_points)
+    t_search = time.perf_counter() - t_search
+    arr, m = sweep[cfg.budget]
+    prim, sec = signal_sums(stats, cands, res.chosen)
+    exact = float(arr_exact(stats, prim, sec, budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=m).mean())
+    if abs(exact - arr) > 1e-4:
+        raise DustinError(f"internal error: ARR from the grid ({arr:.6f}) != ARR through select_indices ({exact:.6f})")
+    tables = write_tables(out, cfg, stats, cands, res, sweep, command)
+    accepted = torch.cat([r["accepted"] for r in recs]).float()
+    calib = {
+        "description": f"{len(windows)} windows of {cfg.context + cfg.gamma + 1} tokens from "
+                       f"{len({w.source for w in windows})} documents of {', '.join(_relative(p) for p in cfg.calib_paths)}"
+                       f" (seed {cfg.seed}), {cfg.positions} verification passes each at L = "
+                       f"{positions[-1]}..{positions[0]}, verification tokens: "
+                       + ("the draft's greedy drafts" if cfg.verify_tokens == "draft" else "the text (teacher forcing)"),
+        "sources": {_relative(k): v for k, v in cal.file_hashes(cfg.calib_paths).items()},
+        "windows": [{"source": _relative(w.source), "offset": w.offset} for w in windows],
+        "context": cfg.context,
+        "positions": positions,
+        "seed": cfg.seed,
+        "verify_tokens": cfg.verify_tokens,
+        "text_field": cfg.text_field,
+        "sha256": cal.windows_hash(windows),
+        "mean_accepted": float(accepted.mean()),
+        "search": {"max_heads": cfg.max_heads, "epsilon": cfg.epsilon, "m_points": cfg.m_points, "stop": res.stop,
+                   "rounds": len(res.rounds) - 1},
+        "run": {"command": command, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                "torch": torch.__version__, "python": platform.python_version(),
+                "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+                "seconds": {"record": round(t_rec, 2), "search": round(t_search, 2),
+                            "total": round(time.perf_counter() - t0, 2)},
+                "windows_recorded": recorded},
+    }
+    prof = Profile(
+        tool_version=tool_version(),
+        git_commit=git_commit(),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        target=tinfo,
+        draft=dinfo,
+        gamma=cfg.gamma,
+        budget=cfg.budget,
+        sinks=cfg.sinks,
+        window=cfg.window,
+        m=m,
+        m_by_budget={b: mb for b, (_, mb) in sweep.items()},
+        draft_heads=tuple(HeadChoice(c.layer, c.kv_head, c.query_heads) for c in res.draft_heads),
+        target_heads=tuple(HeadChoice(c.layer, c.kv_head, c.query_heads) for c in res.target_heads),
+        arr=arr,
+        arr_baselines=baseline_arrs(stats, cfg.budget, cfg.sinks, cfg.window),
+        calibration=calib,
+        online_cost=online_cost(tgt.model.cfg, drf.model.cfg, len(res.draft_heads), len(res.target_heads), cfg.context),
+        aggregation="sum",
+        tables=tables,
+    )
+    from dustin_profile.plots import write_plots
+
+    prof = replace(prof, tables={**tables, **write_plots(out, prof)})
+    prof.calibration["run"]["seconds"]["total"] = round(time.perf_counter() - t0, 2)
+    prof.save(out)
+    return RunResult(prof, out, res, recorded, prof.calibration["run"]["seconds"])
+
+
+def info_of(spec: str) -> ModelInfo:
+    """A checkpoint's identity for `check_models`, from its config and tokenizer (no weights)."""
+    from dustin_runtime.loader import read_config, resolve_checkpoint
+    from dustin_runtime.tokenizer import load_tokenizer, vocab_hash
+
+    ckpt = resolve_checkpoint(spec)
+    return model_info(ckpt.model_id, read_config(ckpt), vocab_hash(load_tokenizer(ckpt)))

@@ -1,0 +1,143 @@
+"""`dustin profile show`: a profile artifact as rich tables (plus its parquet tables when present)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dustin_profile.artifact import Profile
+
+
+def _added(r) -> str:
+    """A rounds-table row's added head: '-' for round 0, '(stop)' for the round that gained too little."""
+    if isinstance(r["added"], str):
+        return r["added"]
+    return "(stop)" if r["round"] else "-"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.2%}"
+
+
+def render(prof: Profile, folder: Path | None = None) -> list:
+    """Rich renderables: summary, heads, ARR vs baselines, m by budget, ARR vs budget, rounds."""
+    from rich.table import Table
+
+    out = []
+    t = Table(title="profile", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    cal = prof.calibration
+    rows = [
+        ("schema / tool / commit", f"{prof.schema_version} / dustin {prof.tool_version} / {prof.git_commit[:14]}"),
+        ("created", prof.created),
+    ]
+    for who, info in (("target", prof.target), ("draft", prof.draft)):
+        rows.append((who, f"{info.id}: {info.num_layers} layers x {info.num_heads} heads ({info.num_kv_heads} KV, "
+                          f"head dim {info.head_dim}); config {info.config_hash}, tokenizer {info.tokenizer_hash}"))
+    rows += [
+        ("gamma / budget / sinks / window", f"{prof.gamma} / {prof.budget} / {prof.sinks} / {prof.window}"),
+        ("m (draft share of the budget)", f"{prof.m} of {prof.budget - prof.sinks - prof.window}"),
+        ("ARR", f"{prof.arr:.4f}"),
+        ("estimator cost", f"{_pct(prof.online_cost.get('share', float('nan')))} of the full cache's bytes per step "
+                           f"({len(prof.draft_heads)} draft + {len(prof.target_heads)} target KV heads)"),
+        ("calibration", str(cal.get("description", ""))),
+        ("calibration sha256", str(cal.get("sha256", ""))[:16]),
+    ]
+    if "mean_accepted" in cal:
+        rows.append(("mean accepted drafts", f"{cal['mean_accepted']:.2f} of {prof.gamma}"))
+    run = cal.get("run") or {}
+    if run:
+        rows.append(("run", f"{run.get('device')} {run.get('dtype')}, {run.get('seconds', {}).get('total')} s"))
+        if run.get("command"):
+            rows.append(("command", run["command"]))
+    for k, v in rows:
+        t.add_row(k, v)
+    out.append(t)
+
+    t = Table(title="retrieval heads (KV-head granularity)")
+    for c in ("model", "layer", "KV head", "query heads"):
+        t.add_column(c, justify="right" if c != "model" else "left")
+    for who, heads in (("draft", prof.draft_heads), ("target", prof.target_heads)):
+        for h in heads:
+            t.add_row(who, str(h.layer), str(h.kv_head), ",".join(map(str, h.query_heads)))
+    out.append(t)
+
+    t = Table(title=f"ARR at S = {prof.budget} on the calibration passes")
+    t.add_column("method")
+    t.add_column("ARR", justify="right")
+    t.add_column("vs dustin", justify="right")
+    t.add_row("[bold]dustin[/]", f"[bold]{prof.arr:.4f}[/]", "")
+    for k, v in prof.arr_baselines.items():
+        t.add_row(k, f"{v:.4f}", f"{v - prof.arr:+.4f}")
+    out.append(t)
+
+    if folder is not None and "budgets" in prof.tables and (folder / prof.tables["budgets"]).is_file():
+        import pandas as pd
+
+        df = pd.read_parquet(folder / prof.tables["budgets"])
+        wide = df.pivot(index="method", columns="budget", values="arr")
+        t = Table(title="ARR vs budget")
+        t.add_column("method")
+        for b in wide.columns:
+            t.add_column(f"S={b}", justify="right")
+        for method in df["method"].drop_duplicates():
+            t.add_row(method, *(f"{wide.loc[method, b]:.4f}" for b in wide.columns))
+        ms = df[df.method == "dustin"].set_index("budget")["m"]
+        t.add_row("dustin m", *(str(int(ms[b])) for b in wide.columns))
+        out.append(t)
+    else:
+        t = Table(title="m by budget")
+        t.add_column("budget", justify="right")
+        t.add_column("m", justify="right")
+        for b, m in sorted(prof.m_by_budget.items()):
+            t.add_row(str(b), str(m))
+        out.append(t)
+
+    if folder is not None and "rounds" in prof.tables and (folder / prof.tables["rounds"]).is_file():
+        import pandas as pd
+
+        df = pd.read_parquet(folder / prof.tables["rounds"])
+        t = Table(title="greedy rounds (Algorithm 1)")
+        for c in ("round", "added", "m", "ARR", "gain"):
+            t.add_column(c, justify="right")
+        for _, r in df.iterrows():
+            t.add_row(str(r["round"]), _added(r), str(r["m"]), f"{r['arr']:.4f}",
+                      f"{r['gain']:+.4f}" if r["round"] else "")
+        out.append(t)
+    if prof.tables:
+        out.append("beside it: " + ", ".join(sorted(prof.tables.values())))
+    return out
+
+
+def markdown(prof: Profile, folder: Path | None = None) -> str:
+    """The ARR table (dustin vs every baseline, at S and across budgets), the heads and the greedy
+    rounds as markdown, for results/ READMEs."""
+    lines = [f"Target `{prof.target.id}`, draft `{prof.draft.id}`; gamma {prof.gamma}, S = {prof.budget}, "
+             f"sinks {prof.sinks}, window {prof.window}, m = {prof.m}. {prof.calibration.get('description', '')}.", ""]
+    budgets = None
+    if folder is not None and (folder / prof.tables.get("budgets", "-")).is_file():
+        import pandas as pd
+
+        budgets = pd.read_parquet(folder / prof.tables["budgets"]).pivot(index="method", columns="budget", values="arr")
+    cols = [] if budgets is None else [b for b in budgets.columns if b != prof.budget]
+    lines.append("| method | ARR at S = " + str(prof.budget) + " | " + " | ".join(f"S = {b}" for b in cols) + " |")
+    lines.append("| --- | ---: |" + " ---: |" * len(cols))
+    for name, v in (("**dustin**", prof.arr), *prof.arr_baselines.items()):
+        key = name.strip("*")
+        extra = [f"{budgets.loc[key, b]:.4f}" for b in cols] if budgets is not None and key in budgets.index else [""] * len(cols)
+        lines.append(f"| {name} | {v:.4f} | " + " | ".join(extra) + " |")
+    lines += ["", "| model | layer | KV head | query heads |", "| --- | ---: | ---: | --- |"]
+    for who, heads in (("draft", prof.draft_heads), ("target", prof.target_heads)):
+        lines += [f"| {who} | {h.layer} | {h.kv_head} | {','.join(map(str, h.query_heads))} |" for h in heads]
+    cost = prof.online_cost
+    lines += ["", f"Estimator cost: {cost.get('share', float('nan')):.2%} of the full K+V cache bytes per step "
+                  f"({cost.get('draft_kv_heads')} draft + {cost.get('target_kv_heads')} target KV heads, one pass over their keys)."]
+    if folder is not None and (folder / prof.tables.get("rounds", "-")).is_file():
+        import pandas as pd
+
+        df = pd.read_parquet(folder / prof.tables["rounds"])
+        lines += ["", "| round | added | m | ARR | gain |", "| ---: | --- | ---: | ---: | ---: |"]
+        for _, r in df.iterrows():
+            lines.append(f"| {r['round']} | {_added(r)} | {r['m']} | {r['arr']:.4f} | "
+                         f"{r['gain']:+.4f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,81 @@
+"""`dustin profile` and `dustin profile show` in a subprocess: a run, its tables, and bad artifacts
+refused with one clear line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dustin_profile.artifact import load_profile
+from dustin_runtime.errors import DustinError
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "dustin.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def assert_one_line_error(p, *needles):
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def made(models, calib_text, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "p.json"
+    p = run("profile", "--target", str(models["target"]), "--draft", str(models["draft"]), "--calib", str(calib_text),
+            "--context", "128", "--windows", "1", "--positions", "2", "--budget", "40", "--gamma", "2",
+            "--sinks", "2", "--window", "8", "--budgets", "24,40", "--max-heads", "2", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    return out, p
+
+
+def test_profile_run_prints_tables(made):
+    out, p = made
+    assert "ARR at S = 40" in p.stdout and "greedy rounds" in p.stdout and "wrote" in p.stdout
+    prof = load_profile(out)
+    assert prof.calibration["run"]["command"].startswith("dustin profile --target")
+
+
+def test_show_and_check_against_models(made, models):
+    out, _ = made
+    p = run("profile", "show", str(out), "--target", str(models["target"]), "--draft", str(models["draft"]))
+    assert p.returncode == 0, p.stderr
+    assert "retrieval heads" in p.stdout and "ARR vs budget" in p.stdout and "matches" in p.stdout
+    assert_one_line_error(run("profile", "show", str(out), "--target", str(models["other"])),
+                          "was made for target", "not")
+
+
+def test_bad_artifacts_refused(made, tmp_path):
+    out, _ = made
+    good = json.loads(out.read_text())
+    cases = {
+        "schema": ({**good, "schema_version": 99}, "schema_version 99 is not supported", True),
+        "missing": ({k: v for k, v in good.items() if k not in ("m", "target_heads")},
+                    "missing field(s) m, target_heads", True),
+        "heads": ({**good, "target_heads": [{"layer": 99, "kv_head": 0, "query_heads": [0]}]}, "outside the model", False),
+        "m": ({**good, "m": 10_000}, "is outside [0, budget - sinks - window]", False),
+    }
+    for name, (d, needle, cli) in cases.items():
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(d))
+        with pytest.raises(DustinError) as e:
+            load_profile(f)
+        assert needle in str(e.value) and "\n" not in str(e.value)
+        if cli:
+            assert_one_line_error(run("profile", "show", str(f)), needle)
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(DustinError, match="not a readable JSON profile"):
+        load_profile(tmp_path / "junk.json")
+    with pytest.raises(DustinError, match="no such profile file"):
+        load_profile(tmp_path / "none.json")
+
+
+def test_profile_usage_errors():
+    assert_one_line_error(run("profile", "--target", "x"), "needs --target and --draft")
+    p = run("profile", "--help")
+    assert p.returncode == 0 and "--target" in p.stdout and "show" in p.stdout
