@@ -35,13 +35,22 @@ bench-attention: .stamp-install
 	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b --context 32768 --batch 16 --budget 512 --variants
 
 
+# Acceptance of every verification policy at S = 128..1024 (issue 4), SmolLM2-135M + the trained
+# draft, 4 Gutenberg eval windows at 4k and at 8k (8128 prompt tokens: the models' 8192 positions
+# hold 64 new tokens), CPU; writes results/acceptance/smollm2-draft.{json,md,runs.jsonl}.
+.PHONY: repro-acceptance
+repro-acceptance: .stamp-install
+	$(PY) -m dustin.cli eval acceptance --target smollm2 --draft models/smollm2-draft \
+		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
+		--gamma 4 --budgets 128,256,512,1024 --threads 1 --name smollm2-draft
+
 # SmolLM2 draft (issue 6): tokenise the Gutenberg train split on CPU, distil the draft from the
 # SmolLM2-135M GGUF on a local CUDA GPU (hyper-parameters as used for models/smollm2-draft),
 # then export the folder and results/draft. TRAIN_S is the wall-clock optimisation budget.
-TRAIN_S ?= 270
+TRAIN_S ?= 330
 DRAFT_ARGS ?= --shapes 4x512,2x512 --hidden 192 --tokens-per-step 32768 --seq-short 2048 \
 	--seq-long 8192 --long-frac 0.3 --lr 3e-3 --warmup-frac 0.03 --lr-floor 0.1 --weight-decay 0.1 \
-	--kl-weight 1.0 --ce-weight 0.1 --seed 0
+	--kl-weight 1.0 --ce-weight 0.1 --seed 0 --ckpt-every 60 --log-every 10
 .PHONY: draft
 draft:
 	cd scripts/draft && ../../$(PY) tokenize_corpus.py --corpus $(abspath $(GUTENBERG)) --out ../../.carry
@@ -51,3 +60,13 @@ draft:
 		--out ../../runs/draft
 	cd scripts/draft && ../../$(PY) export.py --run ../../runs/draft --model ../../models/smollm2-draft \
 		--results ../../results/draft
+
+# Offline profile (issue 5): Algorithm 1 for SmolLM2-135M + models/smollm2-draft over 4 windows of
+# 4k tokens of the Gutenberg calibration split, on CPU (minutes). Writes profiles/smollm2-draft.json
+# with its parquet tables and PNG plots beside it; an interrupted run resumes from
+# profiles/smollm2-draft.work/ (not committed).
+.PHONY: repro-profile
+repro-profile: .stamp-install
+	$(PY) -m dustin.cli profile --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib \
+		--context 4096 --windows 4 --budget 512 --gamma 4 --sinks 4 --window 64 \
+		--out profiles/smollm2-draft.json
