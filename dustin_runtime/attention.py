@@ -8,7 +8,7 @@ profiler's recorders are backends too, so neither touches model code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ class ForwardContext:
     kv_len: int | None = None  # host-known bound on start + T (prefill only), lets backends slice
     rows: tuple[int, int] | None = None  # prefill: the batch rows [start, stop) this pass covers
     final: bool = False  # prefill: the last chunk of these sequences' prompts
+    memo: dict = field(default_factory=dict)  # per-pass values backends compute once (e.g. masks)
 
 
 class AttentionBackend:
@@ -48,23 +49,39 @@ class AttentionBackend:
         """Called once after the last layer of a forward pass."""
 
 
+def causal_mask(start: torch.Tensor, T: int, N: int) -> torch.Tensor:
+    """Additive float32 mask [B, 1, T, N]: 0 where row n is visible to query t (n <= start[b] + t),
+    -inf elsewhere."""
+    qpos = start.view(-1, 1).long() + torch.arange(T, device=start.device)  # [B, T]
+    visible = torch.arange(N, device=start.device).view(1, 1, N) <= qpos.unsqueeze(-1)  # [B, T, N]
+    mask = torch.zeros(visible.shape, dtype=torch.float32, device=start.device)
+    return mask.masked_fill_(~visible, float("-inf")).unsqueeze(1)
+
+
 def reference_attention(
     q: torch.Tensor,  # [B, H, T, D]
     k: torch.Tensor,  # [B, G, N, D]
     v: torch.Tensor,  # [B, G, N, D]
     start: torch.Tensor,  # [B] int: query t of sequence b sits at position start[b] + t
     scale: float | None = None,
+    mask: torch.Tensor | None = None,  # causal_mask(start, T, N), when the caller has it already
 ) -> torch.Tensor:
     """Causal GQA attention in float32; row n is visible to query t iff n <= start[b] + t.
-    Returns [B, H, T, D] in q's dtype. (SDPA with a boolean mask: on CPU it matches Hugging
-    Face's SDPA path bit for bit.)"""
+    Returns [B, H, T, D] in q's dtype. (SDPA with an explicit mask: on CPU it matches Hugging
+    Face's SDPA path to float32 rounding.)"""
     B, H, T, D = q.shape
-    N = k.shape[2]
-    qpos = start.view(B, 1).long() + torch.arange(T, device=q.device)  # [B, T]
-    visible = torch.arange(N, device=q.device).view(1, 1, N) <= qpos.unsqueeze(-1)  # [B, T, N]
+    if mask is None:
+        mask = causal_mask(start, T, k.shape[2])
+    G = k.shape[1]
+    if T <= 16:  # decode / verify: grouped matmuls, K and V read once per KV head
+        r = H // G
+        qg = q.float().reshape(B, G, r * T, D)  # rows (i, t) of the group's heads
+        scores = torch.matmul(qg, k.float().transpose(-1, -2)) * (D**-0.5 if scale is None else scale)
+        scores = scores.view(B, G, r, T, -1) + mask.unsqueeze(1)  # [B, G, r, T, N]
+        probs = torch.softmax(scores, dim=-1).view(B, G, r * T, -1)
+        return torch.matmul(probs, v.float()).view(B, H, T, D).to(q.dtype)
     out = F.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=visible.unsqueeze(1), scale=scale,
-        enable_gqa=k.shape[1] != H,
+        q.float(), k.float(), v.float(), attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != H,
     )
     return out.to(q.dtype)
 
@@ -97,7 +114,10 @@ class TorchAttention(AttentionBackend):
                     q.float(), k.float(), v.float(), is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
                 )
                 return out.to(q.dtype)
-        return reference_attention(q, k, v, ctx.start)
+        key = ("causal_mask", k.shape[2])
+        if key not in ctx.memo:
+            ctx.memo[key] = causal_mask(ctx.start, q.shape[2], k.shape[2])
+        return reference_attention(q, k, v, ctx.start, mask=ctx.memo[key])
 
 
 class TritonAttention(AttentionBackend):

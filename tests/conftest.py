@@ -2,7 +2,9 @@
 
 import os
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dustin/cli.py: set before torch loads OpenMP
+
+import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
