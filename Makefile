@@ -22,6 +22,10 @@ test: .stamp-install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
+# The main job on the embedded SmolLM2 pair, on CPU (profile -> decode -> evaluation).
+demo: .stamp-install
+	PY=$(PY) bash scripts/demo.sh
+
 lint: .stamp-install
 	$(PY) -m ruff check .
 
@@ -70,3 +74,20 @@ repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib \
 		--context 4096 --windows 4 --budget 512 --gamma 4 --sinks 4 --window 64 \
 		--out profiles/smollm2-draft.json
+
+# Evaluation harnesses on the embedded pair (CPU; resumable: re-running skips finished records).
+PROFILE ?= profiles/smollm2-draft.json
+.PHONY: repro-pg19 repro-passkey repro-longbench
+repro-pg19: .stamp-install
+	$(PY) -m dustin.cli eval pg19 --context 4096 --eval-tokens 256 --windows 2 --policy full,dustin,streamingllm,quest \
+		--budget 256,512,1024 --profile $(PROFILE) --out-dir results/pg19
+	$(PY) -m dustin.cli eval pg19 --context 7936 --eval-tokens 256 --windows 2 --policy full,dustin,streamingllm,quest \
+		--budget 256,512,1024 --profile $(PROFILE) --out-dir results/pg19
+
+repro-passkey: .stamp-install
+	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 --depths 0,0.25,0.5,0.75,1 \
+		--policy full,dustin,streamingllm --budget 256 --profile $(PROFILE) --out-dir results/passkey
+
+repro-longbench: .stamp-install
+	$(PY) -m dustin.cli eval longbench --data ../shared/longbench --datasets multi_news --limit 3 \
+		--policy full,dustin,streamingllm,quest --budget 512 --profile $(PROFILE) --out-dir results/longbench

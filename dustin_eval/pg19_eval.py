@@ -81,7 +81,9 @@ def run_pg19(
             rec = {"book": win.book, "window": win.index, "start": win.start, "context": context,
                    "eval_tokens": eval_tokens, "gamma": gamma, "policy": r.policy, "budget": r.budget,
                    "nll": res.nll[0], "tokens": res.tokens[0], "ppl": math.exp(res.nll[0] / res.tokens[0]),
-                   **{k: v for k, v in res.extra.items() if isinstance(v, (int, float))}}
+                   "policy_stats": res.extra}
+            if isinstance(res.extra.get("arr"), (int, float)):
+                rec["arr"] = res.extra["arr"]
             append_jsonl(path, rec)
             if on_record is not None:
                 on_record(rec)

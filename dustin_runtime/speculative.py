@@ -55,6 +55,9 @@ class SpecHooks:
     def before_draft(self) -> None:
         """Called before each drafting phase."""
 
+    def drafted(self, tokens: torch.Tensor) -> None:
+        """Called after drafting with this step's verification tokens [B, gamma + 1] (cur, d_1..d_gamma)."""
+
     def before_verify(self) -> None:
         """Called between drafting and verification (selection happens here)."""
 
@@ -84,9 +87,13 @@ def speculative_generate(
     seed: int = 0,
     prefill_chunk: int = PREFILL_CHUNK,
     min_new_tokens: int = 0,
+    prefilled: tuple[KVCache, KVCache, int] | None = None,
 ) -> GenerationResult:
     """Speculative decoding of a batch of prompts of any lengths with ragged acceptance (EOS ids
-    are forbidden before `min_new_tokens` new tokens, in the draft and the target alike)."""
+    are forbidden before `min_new_tokens` new tokens, in the draft and the target alike).
+    `prefilled` = (target cache, draft cache, rows): the first `rows` tokens of every prompt already
+    prefilled with the plain backend (shared by several runs); they are copied and prefill goes on
+    from there, exactly as if it had started from zero."""
     if gamma < 1:
         raise DustinError("gamma must be >= 1")
     if target.device != draft.device:
@@ -104,11 +111,18 @@ def speculative_generate(
     capacity = cache_capacity(prompts, max_new, gamma)
     tcache = target.allocate_cache(B, capacity)
     dcache = draft.allocate_cache(B, capacity)
+    start = 0
+    if prefilled is not None:
+        start = prefilled[2]
+        for dst, src in zip((tcache, dcache), prefilled[:2], strict=True):
+            for a, b in zip(dst.k + dst.v, src.k + src.v, strict=True):
+                a[:, :, :start].copy_(b[:, :, :start])
+            dst.lengths.fill_(start)
     hooks.setup(tcache, dcache, gamma)
     with timer.phase("prefill"):
         tail = hooks.prefill_tail(gamma)
-        prefill(target, tcache, prompts, t_backend, chunk=prefill_chunk, tail=tail)
-        prefill(draft, dcache, prompts, d_backend, chunk=prefill_chunk, tail=tail)
+        prefill(target, tcache, prompts, t_backend, chunk=prefill_chunk, tail=tail, start=start)
+        prefill(draft, dcache, prompts, d_backend, chunk=prefill_chunk, tail=tail, start=start)
     book = Bookkeeper(prompts, max_new, eos_ids, gamma + 1, device, min_new_tokens)
     cur = torch.tensor([p[-1] for p in prompts], device=device)
     steps = 0
@@ -129,10 +143,11 @@ def speculative_generate(
                 drafted.append(tok)
             draft(tok.view(-1, 1), dcache, d_backend, phase="draft", logits="none")
             d = torch.stack(drafted, dim=1)  # [B, gamma]
+            vt = torch.cat([cur.view(-1, 1), d], dim=1)  # [B, gamma + 1]
+            hooks.drafted(vt)
         with timer.phase("select"):
             hooks.before_verify()
         with timer.phase("verify"):
-            vt = torch.cat([cur.view(-1, 1), d], dim=1)  # [B, gamma + 1]
             logits = book.mask_early_stops(target(vt, tcache, t_backend, phase="verify")[..., :V])  # [B, g+1, V]
         with timer.phase("other"):
             q_all = torch.stack(qs, dim=1) if qs else None

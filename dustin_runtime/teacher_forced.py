@@ -46,17 +46,19 @@ def teacher_forced_nll(
     hooks: list[SpecHooks | None] | SpecHooks | None = None,
     prefill_chunk: int = 2048,
 ) -> list[TeacherForcedResult] | TeacherForcedResult:
-    """NLL of tokens [context, len) of equal-length sequences under each policy in `hooks` (a
-    list gives a list of results). The first `context` tokens are the prompt; then windows
-    [cur, t_1..t_gamma] are verified and t_1..t_gamma+1 scored; the draft (if any) runs the same
-    tokens so policies get their lookahead signals."""
+    """NLL under each policy in `hooks` (a list gives a list of results) of the tokens after the
+    first `context` of equal-length sequences, in whole windows: [cur, t_1..t_gamma] is verified
+    and t_1..t_gamma+1 scored, so floor((len - context) / (gamma + 1)) * (gamma + 1) tokens are
+    scored (a partial last window would leave a policy's lookahead slots unfilled). The draft (if
+    any) runs the same tokens so policies get their lookahead signals."""
     single = not isinstance(hooks, list)
     runs = [hooks] if single else hooks
     if len({len(s) for s in sequences}) != 1:
         raise DustinError("teacher-forced sequences must have equal lengths")
     total = len(sequences[0])
-    if not gamma + 2 <= context < total:
-        raise DustinError(f"context {context} must be in [{gamma + 2}, {total})")
+    if not gamma + 2 <= context <= total - (gamma + 1):
+        raise DustinError(f"context {context} must be in [{gamma + 2}, {total - gamma - 1}] (at least one "
+                          f"window of gamma + 1 = {gamma + 1} tokens after it)")
     if draft is None and any(h is not None and h.name != "full" for h in runs):
         raise DustinError("a verification policy needs the draft")
     device, B = target.device, len(sequences)
@@ -90,14 +92,15 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
     ids = torch.tensor(sequences, device=device)  # [B, total]
     nll = torch.zeros(B, dtype=torch.float64, device=device)
     count, windows, p = 0, 0, context - 1  # position of `cur`
-    while p + 1 < total:
-        w = min(gamma + 1, total - 1 - p)  # the last window may be shorter
+    w = gamma + 1
+    while p + w < total:
         window = ids[:, p : p + w]  # [B, w]: cur and the next w - 1 true tokens
         hooks.before_draft()
         if draft is not None:
             for i in range(w):
                 draft(window[:, i : i + 1], dcache, d_backend, phase="draft", logits="none")
                 dcache.advance(1)
+        hooks.drafted(window)
         hooks.before_verify()
         logits = target(window, tcache, t_backend, phase="verify")  # [B, w, V]
         targets = ids[:, p + 1 : p + 1 + w]

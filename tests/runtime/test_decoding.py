@@ -154,11 +154,11 @@ def test_teacher_forced_full_equals_one_forward(pair):
 
     target, draft = pair
     g = torch.Generator().manual_seed(60)
-    seqs = torch.randint(0, 131, (2, 41), generator=g)
+    seqs = torch.randint(0, 131, (2, 44), generator=g)
     res, again = teacher_forced_nll(target, draft, seqs.tolist(), context=17, gamma=4, hooks=[None, None])
     assert res.nll == again.nll  # the shared prefill is copied, not consumed
-    logits = target(seqs, target.allocate_cache(2, 41), TorchAttention(), phase="prefill")
-    lp = torch.log_softmax(logits[:, 16:-1], -1).gather(-1, seqs[:, 17:].unsqueeze(-1)).squeeze(-1)
-    assert res.tokens == [24, 24] and res.windows == 5
+    logits = target(seqs, target.allocate_cache(2, 44), TorchAttention(), phase="prefill")
+    lp = torch.log_softmax(logits[:, 16:41], -1).gather(-1, seqs[:, 17:42].unsqueeze(-1)).squeeze(-1)
+    assert res.tokens == [25, 25] and res.windows == 5  # 27 tokens after the context: 5 whole windows
     for b in range(2):
         assert abs(res.nll[b] + lp[b].sum().item()) < 1e-3

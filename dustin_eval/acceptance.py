@@ -1,0 +1,205 @@
+"""`dustin eval acceptance`: how much of speculative decoding's acceptance each verification policy
+keeps at each budget, on the same long prompts (issue 4's evidence).
+
+Per context length, `windows` windows of Gutenberg text (one per book, seeded order) decode
+`max_new_tokens` greedy tokens together as one batch under every policy: `full` once, the others
+at every budget S. All runs of one context share one prefill (everything but the last gamma + 1
+prompt tokens, which each policy prefills itself for its first target-history signal), so the
+policies start from the same cache. EOS does not stop a sequence: every run emits the same number
+of tokens. Each finished run is appended to `<name>.runs.jsonl` (a re-run with the same setup
+skips it), and the table is rewritten as `<name>.json` / `<name>.md`.
+
+Reported per (context, policy, budget): tau = mean tokens per verification step (accepted drafts +
+the target's own token, per live sequence and step), its retention tau / tau(full), the paired
+retention (on the policy's own steps, against what full verification accepts on the same context
+and drafts: free-running tau also moves with each policy's trajectory, the paired one does not),
+ARR (the mean share of the true verification attention the set captured), and `prefix`: the mean
+share of each sequence's tokens, from the start, identical to full verification's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from dustin_runtime.attention import default_backend
+from dustin_runtime.errors import DustinError
+from dustin_runtime.generate import cache_capacity, prefill
+from dustin_runtime.pipeline import LoadedModel
+from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse import POLICIES, SparseConfig
+from dustin_runtime.speculative import speculative_generate
+
+from .corpus import gutenberg_split
+from .jsonl import append_jsonl, repair_jsonl
+from .pg19 import iter_windows
+from .results import markdown_table, write_markdown, write_result_json
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """What to run: contexts (prompt tokens, capped so prompt + new tokens fit the models), windows
+    per context, new tokens, gamma, budgets and policies."""
+
+    contexts: tuple[int, ...] = (4096, 8192)
+    windows: int = 2
+    max_new_tokens: int = 64
+    gamma: int = 4
+    budgets: tuple[int, ...] = (128, 256, 512, 1024)
+    policies: tuple[str, ...] = POLICIES
+    books_dir: str = str(gutenberg_split("eval"))
+    seed: int = 0
+    measure_arr: bool = True
+    paired: bool = True
+
+    def __post_init__(self):
+        bad = [p for p in self.policies if p not in POLICIES]
+        if bad:
+            raise DustinError(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
+        if not self.contexts or not self.budgets or self.windows < 1 or self.max_new_tokens < 1:
+            raise DustinError("give at least one context, one budget, one window and one new token")
+
+
+def _prompt_len(context: int, cfg: AcceptanceConfig, target: LoadedModel, draft: LoadedModel) -> int:
+    limit = min(target.model.cfg.max_position_embeddings, draft.model.cfg.max_position_embeddings)
+    return min(context, limit - cfg.max_new_tokens)
+
+
+def _fingerprint(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], target: str, draft: str) -> str:
+    blob = json.dumps({"cfg": asdict(cfg), "sparse": {k: asdict(v) for k, v in sorted(configs.items())},
+                       "target": target, "draft": draft}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _shared_prefill(model, prompts: list[list[int]], capacity: int, rows: int):
+    cache = model.allocate_cache(len(prompts), capacity)
+    prefill(model, cache, [p[: rows + 1] for p in prompts], default_backend(model.device))
+    return cache
+
+
+def _prefix_share(tokens: list[list[int]], ref: list[list[int]]) -> float:
+    shares = []
+    for a, b in zip(tokens, ref, strict=True):
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        shares.append(n / max(len(b), 1))
+    return sum(shares) / len(shares)
+
+
+@torch.inference_mode()
+def run_acceptance(
+    target: LoadedModel,
+    draft: LoadedModel,
+    configs: dict[int, SparseConfig],
+    cfg: AcceptanceConfig,
+    runs_path: str | Path,
+    *,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Every policy at every budget (`configs[S]`: sinks, window, heads and m at budget S) on every
+    context; returns the per-run records (also appended to `runs_path`)."""
+    missing = [b for b in cfg.budgets if b not in configs]
+    if missing:
+        raise DustinError(f"no sparse config for budgets {missing}")
+    runs_path = Path(runs_path)
+    runs_path.parent.mkdir(parents=True, exist_ok=True)
+    fp = _fingerprint(cfg, configs, target.model_id, draft.model_id)
+    done = {(r["context"], r["policy"], r["budget"]): r for r in repair_jsonl(runs_path) if r.get("setup") == fp}
+    records = []
+    order = ["full"] + [p for p in cfg.policies if p != "full"]
+    for context in cfg.contexts:
+        n = _prompt_len(context, cfg, target, draft)
+        windows = list(iter_windows(target.tokenizer, cfg.books_dir, n, seed=cfg.seed, max_windows=cfg.windows,
+                                    max_windows_per_book=1))
+        if len(windows) < cfg.windows:
+            raise DustinError(f"{cfg.books_dir}: only {len(windows)} windows of {n} tokens")
+        prompts = [w.ids for w in windows]
+        todo = [(p, b) for p in order for b in ([None] if p == "full" else cfg.budgets)
+                if (context, p, b) not in done]
+        shared = None
+        if todo:
+            rows = n - 1 - (cfg.gamma + 1)
+            capacity = cache_capacity(prompts, [cfg.max_new_tokens] * len(prompts), cfg.gamma)
+            shared = (_shared_prefill(target.model, prompts, capacity, rows),
+                      _shared_prefill(draft.model, prompts, capacity, rows), rows)
+        for policy in order:
+            for budget in [None] if policy == "full" else cfg.budgets:
+                rec = done.get((context, policy, budget))
+                if rec is None:
+                    hooks = make_policy(policy, None if budget is None else configs[budget], target=target.model,
+                                        draft=draft.model, measure_arr=cfg.measure_arr, paired=cfg.paired)
+                    res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
+                                               gamma=cfg.gamma, hooks=hooks, prefilled=shared)
+                    s = res.stats
+                    rec = {
+                        "setup": fp, "context": context, "policy": policy, "budget": budget,
+                        "prompt_tokens": n, "sequences": len(prompts), "books": [w.book for w in windows],
+                        "steps": s.steps, "new_tokens": sum(s.new_tokens), "accepted": s.mean_accepted,
+                        "tau": s.mean_accepted + 1, "tau_per_sequence": [a + 1 for a in s.accepted_per_sequence()],
+                        "arr": s.extra.get("arr"), "arr_per_sequence": s.extra.get("arr_per_sequence"),
+                        "full_tau": s.extra.get("full_tau"), "paired_retention": s.extra.get("paired_retention"),
+                        "agree": s.extra.get("agree"),
+                        "decode_s": s.decode_seconds, "seconds": s.seconds, "extra": s.extra, "tokens": res.tokens,
+                    }
+                    append_jsonl(runs_path, rec)
+                records.append(rec)
+                if on_record is not None:
+                    on_record(rec)
+        del shared
+    for r in records:
+        full = next(f for f in records if f["context"] == r["context"] and f["policy"] == "full")
+        r["retention"] = r["tau"] / full["tau"]
+        r["prefix"] = _prefix_share(r["tokens"], full["tokens"])
+    return records
+
+
+COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "retention", "paired_retention", "agree", "arr",
+           "prefix", "full_tau", "steps")
+
+
+def table_rows(records: Sequence[dict]) -> list[dict]:
+    """The table's rows (no token lists)."""
+    return [{c: ("full cache" if c == "budget" and r[c] is None else r.get(c)) for c in COLUMNS} for r in records]
+
+
+def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, prov: dict,
+                     cfg: AcceptanceConfig, configs: dict[int, SparseConfig]) -> tuple[Path, Path]:
+    """results/acceptance/<name>.json (rows + per-run records) and <name>.md (one table per context
+    plus a budget x policy retention grid)."""
+    out_dir = Path(out_dir)
+    rows = table_rows(records)
+    sparse = {str(k): asdict(v) for k, v in sorted(configs.items())}
+    j = write_result_json(out_dir / f"{name}.json", rows, prov, config=asdict(cfg), sparse=sparse,
+                          runs=[{k: v for k, v in r.items() if k != "tokens"} for r in records])
+    tables = []
+    for context in cfg.contexts:
+        sub = [r for r in rows if r["context"] == context]
+        if not sub:
+            continue
+        head = f"context {context} ({sub[0]['prompt_tokens']} prompt tokens, {cfg.windows} windows)"
+        for title, fmt in (("tau (retention vs full)", lambda r: f"{r['tau']:.2f} ({r['retention']:.0%})"),
+                           ("paired retention (agree)", lambda r: None if r["paired_retention"] is None
+                            else f"{r['paired_retention']:.1%} ({r['agree']:.0%})"),
+                           ("ARR", lambda r: None if r["arr"] is None else f"{r['arr']:.3f}")):
+            grid = []
+            for policy in dict.fromkeys(r["policy"] for r in sub):
+                row = {"policy": policy}
+                for r in sub:
+                    if r["policy"] == policy:
+                        row["full cache" if r["budget"] == "full cache" else f"S={r['budget']}"] = fmt(r)
+                grid.append(row)
+            if any(v is not None for g in grid for k, v in g.items() if k != "policy"):
+                tables.append((f"{head}: {title}", markdown_table(grid)))
+        tables.append((f"context {context}: all columns", markdown_table(sub)))
+    note = ("tau = mean tokens per verification step (accepted drafts + 1), free-running (each policy "
+            "follows its own greedy trajectory); retention = tau / tau(full). Paired retention = on the "
+            "policy's own steps, its tokens per step / those full verification gives on the same context and "
+            "drafts (a side full pass); agree = share of steps where both accept the same count. "
+            "ARR = mean share of the true verification attention on the set + new tokens. prefix = mean share "
+            "of each sequence's tokens identical to full verification's, from the start.")
+    m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",
+                       [(None, note + "\n")] + tables, prov)
+    return j, m

@@ -1,0 +1,143 @@
+"""Side measurements of sparse verification (analysis only; nothing runs when they are off).
+
+One side pass per step: before the sparse pass, the target runs full verification of the step's
+tokens through `TrueAttention`, which keeps the exact attention of the gamma + 1 verification
+queries. It serves
+- ARR (`--measure-arr`): the mean over target layers, query heads and verification queries of the
+  true (full-verification) attention mass on the verification set plus the new tokens
+  (notes/SPARSE_DESIGN.md); for one shared set, by linearity, sum_{i in I} A[i] + new; for
+  per-layer, per-KV-head sets (Quest) layer by layer;
+- the oracle's ranking (A itself);
+- paired acceptance: what full verification accepts on the same context and drafts.
+The side pass writes the new tokens' K/V rows; the sparse pass rewrites them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dustin_runtime.attention import AttentionBackend
+
+
+def attention_probs(
+    q: torch.Tensor,  # [B, H, M, D]
+    k: torch.Tensor,  # [B, G, N, D]; the M new tokens at rows start[b] + j
+    start: torch.Tensor,  # [B] int32 context rows before the new tokens
+) -> torch.Tensor:
+    """Exact causal attention probabilities [B, G, HG * M, N] fp32 (head-major within a group):
+    query j of sequence b sees rows n <= start[b] + j."""
+    B, H, M, D = q.shape
+    G, N = k.shape[1], k.shape[2]
+    qg = q.float().reshape(B, G, (H // G) * M, D)
+    s = torch.matmul(qg, k.float().transpose(-1, -2)) / math.sqrt(D)  # [B, G, HG * M, N]
+    j = torch.arange(M, device=q.device).repeat(H // G)  # query slot of each row
+    limit = start.view(B, 1, 1, 1).long() + j.view(1, 1, -1, 1)
+    visible = torch.arange(N, device=q.device).view(1, 1, 1, N) <= limit
+    return torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
+
+
+def mass_on(attn: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """attn [B, N] or [B, G, N] summed over indices [B, S] / [B, G, S] (-1 = none)."""
+    return (attn.gather(-1, indices.clamp_min(0).long()) * (indices >= 0)).sum(-1)
+
+
+class TrueAttention(AttentionBackend):
+    """Full verification with explicit probabilities (`probs @ v`). Per pass it keeps, in
+    caller-owned buffers, the mean over layers, heads and queries of each context row's attention
+    `ctx` [B, N_max] and of the new tokens' mass `new` [B]; with `per_layer`, also each layer's mean
+    over every KV head's query heads and the queries, `layer_ctx[l]` [B, G, N_max] and `layer_new[l]` [B, G]."""
+
+    def __init__(self, batch: int, max_len: int, num_layers: int, kv_heads: int, device, per_layer: bool = False):
+        self.num_layers = num_layers
+        self.ctx = torch.zeros(batch, max_len, dtype=torch.float32, device=device)
+        self.new = torch.zeros(batch, dtype=torch.float32, device=device)
+        self.layer_ctx = self.layer_new = None
+        if per_layer:
+            self.layer_ctx = torch.zeros(num_layers, batch, kv_heads, max_len, dtype=torch.float32, device=device)
+            self.layer_new = torch.zeros(num_layers, batch, kv_heads, dtype=torch.float32, device=device)
+
+    def begin(self, ctx):
+        self.ctx.zero_()
+        self.new.zero_()
+
+    def attend(self, layer, q, cache, ctx):
+        B, H, M, D = q.shape
+        k, v = cache.k[layer], cache.v[layer]
+        N = k.shape[2]
+        probs = attention_probs(q, k, ctx.start)  # [B, G, HG * M, N]
+        rows = (torch.arange(N, device=q.device).view(1, 1, 1, N) < ctx.start.view(B, 1, 1, 1))
+        on_ctx = (probs * rows).mean(2)  # [B, G, N]: mean over the group's heads and queries
+        new = 1.0 - on_ctx.sum(-1)  # [B, G]
+        self.ctx += on_ctx.mean(1) / self.num_layers
+        self.new += new.mean(1) / self.num_layers
+        if self.layer_ctx is not None:
+            self.layer_ctx[layer].copy_(on_ctx)
+            self.layer_new[layer].copy_(new)
+        return (probs @ v.float()).view(B, H, M, D).to(q.dtype)
+
+
+class ArrMeter:
+    """ARR per sequence, accumulated over verification passes (only live sequences count)."""
+
+    def __init__(self, batch: int, num_layers: int, device: torch.device | str):
+        self.num_layers = num_layers
+        self.step = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.total = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.count = torch.zeros(batch, dtype=torch.float64, device=device)
+
+    def shared(self, true: TrueAttention, indices: torch.Tensor) -> None:
+        """This pass's ARR of one set per sequence, indices [B, S]."""
+        self.step.copy_(mass_on(true.ctx, indices) + true.new)
+
+    def begin_layers(self) -> None:
+        self.step.zero_()
+
+    def layer(self, true: TrueAttention, layer: int, indices: torch.Tensor) -> None:
+        """One layer's share of ARR for per-KV-head sets indices [B, G, S]."""
+        got = mass_on(true.layer_ctx[layer], indices) + true.layer_new[layer]  # [B, G]
+        self.step += got.mean(1).double() / self.num_layers
+
+    def commit(self, live: torch.Tensor) -> None:
+        """End of a step: count this pass for the live sequences [B] bool."""
+        self.total += self.step * live
+        self.count += live.double()
+
+    def summary(self) -> dict:
+        """{"arr": mean over steps and sequences, "arr_per_sequence": [...]} (one host sync)."""
+        total, count = self.total.cpu(), self.count.cpu()
+        per = (total / count.clamp_min(1)).tolist()
+        return {"arr": float(total.sum() / count.sum().clamp_min(1)), "arr_per_sequence": per}
+
+
+class PairedAcceptance:
+    """What full verification would accept on the same contexts and drafts, step by step (greedy
+    matching against the target's argmax over the full cache), next to what the policy accepted:
+    free-running acceptance follows each policy's own trajectory, this pairs them."""
+
+    def __init__(self, batch: int, device: torch.device | str):
+        self.full = torch.zeros(batch, dtype=torch.long, device=device)  # this step's n under full verification
+        self.sum_full = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.sum_policy = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.same = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.count = torch.zeros(batch, dtype=torch.float64, device=device)
+
+    def measure(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """logits [B, gamma + 1, V] of a full pass over tokens [B, gamma + 1] (cur, d_1..d_gamma)."""
+        t = logits.argmax(-1)  # [B, gamma + 1]
+        self.full.copy_((t[:, :-1] == tokens[:, 1:]).long().cumprod(1).sum(1))
+
+    def commit(self, accepted: torch.Tensor, live: torch.Tensor) -> None:
+        """accepted [B]: drafts the policy accepted this step; live [B] bool."""
+        w = live.double()
+        self.sum_full += (self.full + 1) * w
+        self.sum_policy += (accepted + 1) * w
+        self.same += (accepted == self.full).double() * w
+        self.count += w
+
+    def summary(self) -> dict:
+        """full_tau (tokens per step full verification would give on the same drafts),
+        paired_retention (policy tau / full_tau on those steps), agree (share of steps with the same
+        accepted count)."""
+        f, p, s, c = (x.sum().item() for x in (self.sum_full, self.sum_policy, self.same, self.count))
+        return {"full_tau": f / max(c, 1), "paired_retention": p / f if f else 0.0, "agree": s / max(c, 1)}

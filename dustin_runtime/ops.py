@@ -1,0 +1,84 @@
+"""The sparse-verification ops the policies call: the Triton launchers of `dustin_kernels` on CUDA,
+their pure-torch `_ref` versions elsewhere. Both write into caller-owned buffers, so a policy's
+per-step work allocates nothing but temporaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SparseOps:
+    """srh_scores / select_indices / sparse_verify_attention with one calling convention."""
+
+    triton: bool
+
+    def srh_scores(
+        self,
+        q: torch.Tensor,  # [B, Hs, M, D]
+        kv_heads: torch.Tensor,  # [Hs] int32
+        k_cache: torch.Tensor,  # [B, G, N_max, D]
+        cache_lens: torch.Tensor,  # [B] int32
+        out: torch.Tensor,  # [B, N_max] fp32
+        *,
+        reduce: str,
+        accumulate: bool,
+    ) -> torch.Tensor:
+        """Softmax mass of the heads' queries over [0, cache_lens) into `out` (added or maxed
+        into it with `accumulate`; entries >= cache_lens are 0 without it)."""
+        if self.triton:
+            from dustin_kernels import srh_scores
+
+            return srh_scores(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out, accumulate=accumulate)
+        from dustin_kernels import srh_scores_ref
+
+        return out.copy_(srh_scores_ref(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out,
+                                        accumulate=accumulate))
+
+    def select_indices(
+        self,
+        primary: torch.Tensor,  # [R, N_max] fp32
+        secondary: torch.Tensor | None,  # [R, N_max] fp32
+        cache_lens: torch.Tensor,  # [R] int32
+        out: torch.Tensor,  # [R, budget] int32
+        *,
+        sinks: int,
+        window: int,
+        m: int,
+    ) -> torch.Tensor:
+        """Sinks + window + top-m of primary + fill by secondary into `out` (sorted, -1 padded)."""
+        budget = out.shape[1]
+        if self.triton:
+            from dustin_kernels import select_indices
+
+            return select_indices(primary, secondary, cache_lens, budget=budget, sinks=sinks, window=window,
+                                  m=m, out=out)
+        from dustin_kernels import select_indices_ref
+
+        return out.copy_(select_indices_ref(primary, secondary, cache_lens, budget=budget, sinks=sinks,
+                                            window=window, m=m))
+
+    def sparse_verify_attention(
+        self,
+        q: torch.Tensor,  # [B, H, M, D]
+        k_cache: torch.Tensor,  # [B, G, N_max, D]
+        v_cache: torch.Tensor,
+        indices: torch.Tensor,  # [B, S] or [B, G, S] int32, -1 padded
+        cache_lens: torch.Tensor,  # [B] int32: the new tokens sit at rows cache_lens + j
+    ) -> torch.Tensor:
+        """Attention of the M new queries over the indexed rows plus the new tokens: [B, H, M, D]
+        in q's dtype."""
+        if self.triton:
+            from dustin_kernels import sparse_verify_attention
+
+            return sparse_verify_attention(q, k_cache, v_cache, indices, cache_lens)
+        from dustin_kernels import sparse_verify_attention_ref
+
+        return sparse_verify_attention_ref(q, k_cache, v_cache, indices, cache_lens).to(q.dtype)
+
+
+def default_ops(device: torch.device | str) -> SparseOps:
+    """Triton kernels on CUDA, the torch references elsewhere."""
+    return SparseOps(triton=torch.device(device).type == "cuda")

@@ -1,0 +1,332 @@
+"""Verification policies behind one interface (`SpecHooks`), built by `make_policy(name, ...)`.
+
+- `full`: lossless speculative decoding, the target attends over the whole cache.
+- `dustin`: sinks + window + top-m by the draft lookahead signal + fill to S by the target history
+  signal (the profile's heads and m), one set per sequence for every target layer and head.
+- `draft-only`: every draft KV head's lookahead signal chooses every free row (m = S - sinks -
+  window), as the profiler's baseline of that name.
+- `target-only`: every target KV head's history signal chooses every free row (m = 0), likewise.
+- `streamingllm`: sinks + the most recent S - sinks rows (the window widened to the budget).
+- `quest`: per layer and KV head, sinks + window + whole pages of 16 rows ranked by the upper
+  bound of q . k (maxed over the group's query heads and the gamma + 1 queries), same S.
+- `oracle`: sinks + window + the top rows of the true mean attention of this very verification
+  (a full side pass measures it first). An upper bound for analysis, not a fast path.
+
+In every sparse policy the gamma + 1 new tokens are attended on top of the set (causally), their
+K/V land in the full cache, nothing is evicted, and rejected rows are rolled back by length as in
+full verification. All policies (`full` included) prefill the last gamma + 1 prompt tokens as their
+own chunk, so every policy starts from the same cache. Draft and target must share a tokenizer
+(positions align): `pipeline.load_pair` and the profile's tokenizer hashes check it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from dustin_runtime.arr import ArrMeter, PairedAcceptance, TrueAttention
+from dustin_runtime.attention import AttentionBackend, ForwardContext
+from dustin_runtime.errors import DustinError
+from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.model import Transformer
+from dustin_runtime.ops import SparseOps, default_ops
+from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
+from dustin_runtime.signals import DraftLookahead, TargetHistory, normalise_
+from dustin_runtime.sparse import POLICIES, SparseConfig, every_head
+from dustin_runtime.speculative import SpecHooks
+
+
+class FullPolicy(SpecHooks):
+    """Full verification (lossless). ARR is 1 and the paired measures are trivial by definition."""
+
+    name = "full"
+
+    def __init__(self, measure_arr: bool = False, paired: bool = False):
+        self.measure_arr, self.paired = measure_arr, paired
+        self.steps = self.accepted = None
+
+    def prefill_tail(self, gamma: int) -> int:
+        return gamma + 1
+
+    def after_verify(self, accepted, advance):
+        if self.paired:
+            live = advance > 0
+            self.steps = live.sum() + (0 if self.steps is None else self.steps)
+            self.accepted = ((accepted + 1) * live).sum() + (0 if self.accepted is None else self.accepted)
+
+    def summary(self) -> dict:
+        out = {"arr": 1.0} if self.measure_arr else {}
+        if self.paired and self.steps is not None:
+            tau = float(self.accepted) / max(int(self.steps), 1)
+            out.update(full_tau=tau, paired_retention=1.0, agree=1.0)
+        return out
+
+
+class _TargetBackend(AttentionBackend):
+    """Full attention for prefill (the tail feeds the policy's history), the policy's sparse
+    attention for verification passes."""
+
+    def __init__(self, policy: SparsePolicy, default: AttentionBackend):
+        self.policy, self.default = policy, default
+
+    def begin(self, ctx: ForwardContext) -> None:
+        self.default.begin(ctx)
+
+    def attend(self, layer, q, cache, ctx):
+        if ctx.phase == "verify":
+            return self.policy.verify_attend(layer, q, cache, ctx)
+        out = self.default.attend(layer, q, cache, ctx)
+        if ctx.phase == "prefill" and ctx.final:
+            self.policy.observe_prefill_tail(layer, q, cache, ctx)
+        return out
+
+    def end(self, ctx: ForwardContext) -> None:
+        self.default.end(ctx)
+
+
+class _DraftBackend(AttentionBackend):
+    """The draft's default attention; its SRH queries are stashed while drafting."""
+
+    def __init__(self, policy: SignalPolicy, default: AttentionBackend):
+        self.policy, self.default = policy, default
+
+    def begin(self, ctx):
+        self.default.begin(ctx)
+
+    def attend(self, layer, q, cache, ctx):
+        out = self.default.attend(layer, q, cache, ctx)
+        look = self.policy.lookahead
+        if ctx.phase == "draft" and layer in look.layers:
+            look.stash(layer, q, ctx.positions[:, 0] - self.policy.tcache.lengths)
+        return out
+
+    def end(self, ctx):
+        self.default.end(ctx)
+
+
+class SparsePolicy(SpecHooks):
+    """Base of the sparse policies: the [B, S] index buffer, the sparse verification backend and
+    the optional side measurements (`measure_arr`: ARR; `paired`: what full verification accepts
+    on the same drafts), both from one full side pass per step (`arr.TrueAttention`). Subclasses
+    fill `self.indices` in `select` (or per layer in `layer_indices`). `trace`, when a list,
+    receives (layer or None, lengths, indices) copies of every set chosen (a test hook)."""
+
+    name = "sparse"
+    shared_set = True  # one set per sequence, chosen before the pass (else per layer, in the pass)
+    needs_true_attention = False  # the oracle ranks by it
+
+    def __init__(self, cfg: SparseConfig, target: Transformer, draft: Transformer, *, measure_arr: bool = False,
+                 paired: bool = False, ops: SparseOps | None = None):
+        cfg.check_models(target.cfg, draft.cfg)
+        self.cfg, self.target, self.draft = cfg, target, draft
+        self.ops = ops or default_ops(target.device)
+        self.measure_arr, self.paired = measure_arr, paired
+        self.meter: ArrMeter | None = None
+        self.pairs: PairedAcceptance | None = None
+        self.trace: list | None = None
+        self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
+
+    def setup(self, target_cache: KVCache, draft_cache: KVCache, gamma: int) -> None:
+        self.tcache, self.dcache, self.gamma = target_cache, draft_cache, gamma
+        B, dev = target_cache.batch, target_cache.lengths.device
+        self.indices = torch.full((B, self.cfg.budget), -1, dtype=torch.int32, device=dev)  # [B, S]
+        self.meter = ArrMeter(B, target_cache.num_layers, dev) if self.measure_arr else None
+        self.pairs = PairedAcceptance(B, dev) if self.paired else None
+        self.true = None
+        if self.measure_arr or self.paired or self.needs_true_attention:
+            self.true = TrueAttention(B, target_cache.max_len, target_cache.num_layers, self.target.cfg.num_kv_heads,
+                                      dev, per_layer=self.measure_arr and not self.shared_set)
+        self.allocate(B, target_cache.max_len, dev)
+
+    def allocate(self, batch: int, max_len: int, device) -> None:
+        """Per-run buffers of a subclass."""
+
+    def prefill_tail(self, gamma: int) -> int:
+        return gamma + 1
+
+    def target_backend(self, default: AttentionBackend) -> AttentionBackend:
+        return _TargetBackend(self, default)
+
+    def drafted(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+
+    def before_verify(self) -> None:
+        if self.true is not None:  # full verification on the side (its K/V rows are rewritten by the sparse pass)
+            logits = self.target(self.tokens, self.tcache, self.true, phase="verify",
+                                 logits="all" if self.pairs is not None else "none")
+            if self.pairs is not None:
+                self.pairs.measure(logits[..., : self.vocab], self.tokens)
+        if self.shared_set:
+            self.select(self.tcache.lengths)
+            if self.trace is not None:
+                self.trace.append((None, self.tcache.lengths.clone(), self.indices.clone()))
+            if self.meter is not None:
+                self.meter.shared(self.true, self.indices)
+        elif self.meter is not None:
+            self.meter.begin_layers()
+
+    def select(self, lens: torch.Tensor) -> None:
+        """Fill self.indices [B, S] for context lengths lens [B] int32."""
+        raise NotImplementedError
+
+    def observe_prefill_tail(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> None:
+        """The prefill's last chunk at one layer (q: [b, H, gamma + 1, D] for rows ctx.rows)."""
+
+    def observe_verify(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> None:
+        """A verification pass at one layer, before its attention."""
+
+    def layer_indices(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> torch.Tensor:
+        """The set this layer attends: [B, S] shared, or [B, G, S] per KV head."""
+        return self.indices
+
+    def verify_attend(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> torch.Tensor:
+        self.observe_verify(layer, q, cache, ctx)
+        idx = self.layer_indices(layer, q, cache, ctx)
+        out = self.ops.sparse_verify_attention(q, cache.k[layer], cache.v[layer], idx, ctx.start)
+        if self.meter is not None and not self.shared_set:
+            self.meter.layer(self.true, layer, idx)
+        return out
+
+    def after_verify(self, accepted: torch.Tensor, advance: torch.Tensor) -> None:
+        if self.meter is not None:
+            self.meter.commit(advance > 0)
+        if self.pairs is not None:
+            self.pairs.commit(accepted, advance > 0)
+
+    def summary(self) -> dict:
+        c = self.cfg
+        out = {"budget": c.budget, "sinks": c.sinks, "window": c.window}
+        if self.meter is not None:
+            out.update(self.meter.summary())
+        if self.pairs is not None:
+            out.update(self.pairs.summary())
+        return out
+
+
+class SignalPolicy(SparsePolicy):
+    """dustin / draft-only / target-only: retrieval-head signals and `select_indices`."""
+
+    def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, *, m: int, **kw):
+        super().__init__(cfg, target, draft, **kw)
+        self.name, self.m = name, m
+        self.use_draft, self.use_target = bool(cfg.draft_heads) and m > 0, bool(cfg.target_heads) and m < cfg.free
+
+    def allocate(self, batch, max_len, device):
+        c, dc = self.cfg, self.draft.cfg
+        self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
+        self.history = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
+        self.lookahead = (DraftLookahead(c.draft_heads, batch, self.gamma, dc.head_dim, self.dcache.k[0].dtype,
+                                         device, c.aggregation, self.ops) if self.use_draft else None)
+        self.target_signal = TargetHistory(c.target_heads, device, c.aggregation, self.ops) if self.use_target else None
+
+    def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
+        return _DraftBackend(self, default) if self.use_draft else default
+
+    def observe_prefill_tail(self, layer, q, cache, ctx):
+        if self.target_signal is not None:
+            b0, b1 = ctx.rows
+            self.target_signal.score(layer, q, cache.k[layer], ctx.start, self.history[b0:b1])
+
+    def observe_verify(self, layer, q, cache, ctx):
+        if self.target_signal is not None:  # this pass's set is chosen: the buffer becomes next step's history
+            self.target_signal.score(layer, q, cache.k[layer], ctx.start, self.history)
+
+    def select(self, lens):
+        c = self.cfg
+        if self.lookahead is not None:
+            normalise_(self.lookahead.score(self.dcache.k, lens, self.draft_score))
+        if self.target_signal is not None:
+            normalise_(self.history)
+        if self.use_draft and self.use_target:
+            primary, secondary, m = self.draft_score, self.history, self.m
+        else:
+            primary, secondary, m = (self.draft_score if self.use_draft else self.history), None, c.free
+        self.ops.select_indices(primary, secondary, lens, self.indices, sinks=c.sinks, window=c.window, m=m)
+
+    def summary(self):
+        return {**super().summary(), "m": self.m}
+
+
+class StreamingPolicy(SparsePolicy):
+    """StreamingLLM: attention sinks plus the most recent S - sinks rows."""
+
+    name = "streamingllm"
+
+    def select(self, lens):
+        streaming_indices(lens, self.cfg.sinks, self.indices)
+
+
+class QuestPolicy(SparsePolicy):
+    """Quest at token budget S: per layer and KV head ([B, G, S] sets), page size cfg.page_size."""
+
+    name = "quest"
+    shared_set = False
+
+    def allocate(self, batch, max_len, device):
+        t = self.target.cfg
+        self.pages = QuestPages(t.num_layers, batch, t.num_kv_heads, max_len, t.head_dim, self.cfg.page_size,
+                                self.gamma + 1, self.tcache.k[0].dtype, device)
+        self.group_indices = torch.full((batch * t.num_kv_heads, self.cfg.budget), -1, dtype=torch.int32,
+                                        device=device)  # [B * G, S]
+
+    def layer_indices(self, layer, q, cache, ctx):
+        c = self.cfg
+        self.pages.refresh(layer, cache.k[layer], ctx.start)
+        idx = quest_indices(self.pages.bounds(layer, q), ctx.start, c.page_size, cache.max_len, c.sinks, c.window,
+                            self.ops, self.group_indices)
+        if self.trace is not None:
+            self.trace.append((layer, ctx.start.clone(), idx.clone()))
+        return idx
+
+    def summary(self):
+        return {**super().summary(), "page": self.cfg.page_size}
+
+
+class OraclePolicy(SparsePolicy):
+    """Sinks + window + the top rows of the true attention of the current verification, averaged
+    over every layer, head and query: a full side pass of the target over the drafted tokens
+    measures it, then the sparse pass runs. Analysis only (two target passes per step)."""
+
+    name = "oracle"
+    needs_true_attention = True
+
+    def select(self, lens):
+        c = self.cfg
+        self.ops.select_indices(self.true.ctx, None, lens, self.indices, sinks=c.sinks, window=c.window, m=c.free)
+
+
+def make_policy(
+    name: str,
+    cfg: SparseConfig | None,
+    *,
+    target: Transformer,
+    draft: Transformer,
+    measure_arr: bool = False,
+    paired: bool = False,
+    ops: SparseOps | None = None,
+) -> SpecHooks:
+    """The hooks of one policy (names in `sparse.POLICIES`). `cfg` gives the budget, sinks and
+    window and, for dustin, the retrieval heads and m (a profile, or `SparseConfig.all_heads`);
+    draft-only / target-only use every KV head of their model; `full` needs no config.
+    `measure_arr` adds ARR to the run's stats; `paired` adds what full verification accepts on the
+    same drafts (greedy; one more full target pass per step)."""
+    if name not in POLICIES:
+        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    if name == "full":
+        return FullPolicy(measure_arr, paired)
+    if cfg is None:
+        raise DustinError(f"policy {name} needs a budget (--budget)")
+    kw = dict(measure_arr=measure_arr, paired=paired, ops=ops)
+    if name == "dustin":
+        if (cfg.m > 0 and not cfg.draft_heads) or (cfg.m < cfg.free and not cfg.target_heads):
+            raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")
+        return SignalPolicy(name, cfg, target, draft, m=cfg.m, **kw)
+    if name == "draft-only":
+        cfg = replace(cfg, draft_heads=every_head(draft.cfg), target_heads=(), m=cfg.free)
+        return SignalPolicy(name, cfg, target, draft, m=cfg.free, **kw)
+    if name == "target-only":
+        cfg = replace(cfg, draft_heads=(), target_heads=every_head(target.cfg), m=0)
+        return SignalPolicy(name, cfg, target, draft, m=0, **kw)
+    return {"streamingllm": StreamingPolicy, "quest": QuestPolicy, "oracle": OraclePolicy}[name](
+        cfg, target, draft, **kw)

@@ -1,0 +1,97 @@
+"""Online importance signals from the retrieval heads (SRHs), per sequence over the context [0, L).
+
+- Draft lookahead: while the draft produces this step's tokens, its SRH queries at the gamma + 1
+  verification positions are stashed (one scatter per draft forward, no host sync); after drafting
+  they score the context once per SRH layer (M = gamma + 1 queries per call, so the keys are read
+  once per step, not once per draft token).
+- Target history: in each verification pass the target's SRH queries (the gamma + 1 verification
+  queries) score the pass's context [0, L); the result is the next step's history. The prefill's
+  last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one.
+
+Scores are softmax over [0, L) per query and head, reduced over queries, heads and layers by the
+config's aggregation ("sum" or "max"), into caller-owned [B, N_max] fp32 buffers; rows >= L are 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dustin_runtime.ops import SparseOps
+from dustin_runtime.sparse import Head
+
+
+@dataclass(frozen=True)
+class LayerHeads:
+    """The retrieval heads of one layer: query heads and the KV head each one uses."""
+
+    query: torch.Tensor  # [Hs] int64 query-head indices
+    kv: torch.Tensor  # [Hs] int32 KV head of each
+
+
+def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int, LayerHeads]:
+    """Group head choices by layer (layers ascending)."""
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for layer, kv, qh in heads:
+        by_layer.setdefault(layer, []).extend((h, kv) for h in qh)
+    return {
+        layer: LayerHeads(torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
+                          torch.tensor([g for _, g in pairs], dtype=torch.int32, device=device))
+        for layer, pairs in sorted(by_layer.items())
+    }
+
+
+def normalise_(scores: torch.Tensor) -> torch.Tensor:
+    """Scale each row of [B, N] to sum 1 (all-zero rows stay zero), in place. Rank-preserving: the
+    two-stage selection does not depend on it; it puts both signals on one scale for diagnostics."""
+    return scores.div_(scores.sum(-1, keepdim=True).clamp_min(1e-30))
+
+
+class DraftLookahead:
+    """The draft's SRH queries of one step ([B, Hs, gamma + 1, D] per layer) and their scoring."""
+
+    def __init__(self, heads: tuple[Head, ...], batch: int, gamma: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str, reduce: str, ops: SparseOps):
+        self.layers = layer_heads(heads, device)
+        self.reduce, self.ops = reduce, ops
+        self.q = {layer: torch.zeros(batch, lh.query.numel(), gamma + 1, head_dim, dtype=dtype, device=device)
+                  for layer, lh in self.layers.items()}
+
+    def stash(self, layer: int, q: torch.Tensor, offset: torch.Tensor) -> None:
+        """Keep the SRH queries of one draft forward: q [B, H, 1, D] at verification slot
+        offset [B] (= its position - L, in [0, gamma])."""
+        lh, buf = self.layers[layer], self.q[layer]
+        B, Hs, _, D = buf.shape
+        sel = q.index_select(1, lh.query)  # [B, Hs, 1, D]
+        buf.scatter_(2, offset.view(B, 1, 1, 1).expand(B, Hs, 1, D), sel.to(buf.dtype))
+
+    def score(self, k_caches: list[torch.Tensor], lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [B, N_max] = the lookahead signal over [0, lens) from the stashed queries."""
+        first = True
+        for layer, lh in self.layers.items():
+            self.ops.srh_scores(self.q[layer], lh.kv, k_caches[layer], lens, out, reduce=self.reduce,
+                                accumulate=not first)
+            first = False
+        if first:
+            out.zero_()
+        return out
+
+
+class TargetHistory:
+    """Scores the context with the target's SRH queries of one pass (verification or prefill tail)."""
+
+    def __init__(self, heads: tuple[Head, ...], device: torch.device | str, reduce: str, ops: SparseOps):
+        self.layers = layer_heads(heads, device)
+        self.first = min(self.layers) if self.layers else -1
+        self.reduce, self.ops = reduce, ops
+
+    def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
+              out: torch.Tensor) -> None:
+        """At an SRH layer: add the heads' softmax mass of q [B, H, M, D] over [0, lens) into out
+        [B, N_max] (the pass's first SRH layer overwrites it)."""
+        lh = self.layers.get(layer)
+        if lh is None:
+            return
+        self.ops.srh_scores(q.index_select(1, lh.query), lh.kv, k_cache, lens, out, reduce=self.reduce,
+                            accumulate=layer != self.first)

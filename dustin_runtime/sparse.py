@@ -1,0 +1,102 @@
+"""The sparse-verification configuration: budget, sinks, window, draft share m and the retrieval heads.
+
+The runtime never reads a profile artifact itself: `dustin/cli.py` turns a `dustin_profile.Profile`
+into a `SparseConfig` (and checks it was made for the loaded models)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dustin_runtime.config import ModelConfig
+from dustin_runtime.errors import DustinError
+
+Head = tuple[int, int, tuple[int, ...]]  # (layer, kv_head, query_heads): one retrieval head at KV granularity
+
+POLICIES = ("full", "dustin", "draft-only", "target-only", "streamingllm", "quest", "oracle")
+HEAD_POLICIES = ("dustin",)  # needs chosen retrieval heads (a profile, or --all-heads)
+DEFAULT_SINKS = 4
+DEFAULT_WINDOW = 64
+QUEST_PAGE = 16
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """Verification set of S = `budget` context rows per sequence: [0, sinks) + the last `window`
+    rows + top-`m` by the draft signal + the rest by the target signal. `aggregation` reduces the
+    retrieval heads' softmax over heads, queries and layers ("sum" or "max")."""
+
+    budget: int
+    sinks: int = DEFAULT_SINKS
+    window: int = DEFAULT_WINDOW
+    m: int = 0
+    draft_heads: tuple[Head, ...] = ()
+    target_heads: tuple[Head, ...] = ()
+    aggregation: str = "sum"
+    page_size: int = QUEST_PAGE
+    source: str = ""  # where it came from (a profile path, "all heads", ...), for records
+
+    def __post_init__(self):
+        if self.sinks < 0 or self.window < 0:
+            raise DustinError(f"sinks ({self.sinks}) and window ({self.window}) must be >= 0")
+        if self.budget < self.sinks + self.window or self.budget <= 0:
+            raise DustinError(f"budget {self.budget} is smaller than sinks + window "
+                              f"({self.sinks} + {self.window}); give --budget >= {max(1, self.sinks + self.window)}")
+        if not 0 <= self.m <= self.free:
+            raise DustinError(f"m = {self.m} is outside [0, budget - sinks - window = {self.free}]")
+        if self.aggregation not in ("sum", "max"):
+            raise DustinError(f"aggregation must be 'sum' or 'max', got {self.aggregation!r}")
+        if self.page_size < 1:
+            raise DustinError("page size must be >= 1")
+        for h in self.draft_heads + self.target_heads:
+            if len(h) != 3 or not h[2]:
+                raise DustinError(f"retrieval head {h} must be (layer, kv_head, non-empty query_heads)")
+
+    @property
+    def free(self) -> int:
+        """Rows chosen by the signals: budget - sinks - window."""
+        return self.budget - self.sinks - self.window
+
+    def with_budget(self, budget: int, m: int | None = None) -> SparseConfig:
+        """The same heads at another budget; m scaled to keep its share of the free rows unless given."""
+        if m is None:
+            free = budget - self.sinks - self.window
+            m = max(0, min(free, round(self.m / self.free * free))) if self.free > 0 else 0
+        return replace(self, budget=budget, m=m)
+
+    def check_models(self, target: ModelConfig, draft: ModelConfig) -> None:
+        """Refuse heads outside the models' shapes, or query heads outside their KV head's group."""
+        for who, heads, cfg in (("draft", self.draft_heads, draft), ("target", self.target_heads, target)):
+            for layer, kv, qh in heads:
+                if not (0 <= layer < cfg.num_layers and 0 <= kv < cfg.num_kv_heads):
+                    raise DustinError(f"{who} retrieval head (layer {layer}, KV head {kv}) is outside the "
+                                      f"{who} model's {cfg.num_layers} layers x {cfg.num_kv_heads} KV heads")
+                bad = [h for h in qh if not 0 <= h < cfg.num_heads or h // cfg.n_rep != kv]
+                if bad:
+                    raise DustinError(f"{who} retrieval head (layer {layer}, KV head {kv}): query heads {bad} "
+                                      f"do not use KV head {kv}")
+
+    @classmethod
+    def all_heads(
+        cls,
+        target: ModelConfig,
+        draft: ModelConfig,
+        budget: int,
+        *,
+        sinks: int = DEFAULT_SINKS,
+        window: int = DEFAULT_WINDOW,
+        m: int | None = None,
+    ) -> SparseConfig:
+        """The documented default head set (no profile): every KV head of every layer of both models
+        scores (all its query heads); m = half the free rows unless given. Costly: an analysis default."""
+        free = budget - sinks - window
+        return cls(
+            budget=budget, sinks=sinks, window=window, m=free // 2 if m is None else m,
+            draft_heads=every_head(draft), target_heads=every_head(target), source="all heads",
+        )
+
+
+def every_head(cfg: ModelConfig) -> tuple[Head, ...]:
+    """Every KV head of every layer, each with all its query heads."""
+    r = cfg.n_rep
+    return tuple((layer, g, tuple(range(g * r, (g + 1) * r)))
+                 for layer in range(cfg.num_layers) for g in range(cfg.num_kv_heads))

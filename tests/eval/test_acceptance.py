@@ -1,0 +1,73 @@
+"""`dustin_eval.acceptance` on tiny models: the shared prefill gives the tokens of an ordinary run, a
+budget covering the context keeps everything, a re-run resumes from the runs file, and the
+tables are written."""
+
+import json
+
+import pytest
+import torch
+
+from dustin_eval.acceptance import AcceptanceConfig, run_acceptance, write_acceptance
+from dustin_eval.results import provenance
+from dustin_runtime.pipeline import load_pair
+from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.speculative import speculative_generate
+from tests.cli.test_decode_cli import tiny_with_tokenizer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, shared_dir):
+    root = tmp_path_factory.mktemp("acc")
+    t = tiny_with_tokenizer(root / "t", shared_dir, "llama3")
+    d = tiny_with_tokenizer(root / "d", shared_dir, "llama3", num_hidden_layers=1)
+    books = root / "books"
+    books.mkdir()
+    for i, word in enumerate(("river", "mountain", "harbour")):
+        (books / f"b{i}.txt").write_text(" ".join(f"The {word} number {j} was quiet that year." for j in range(60)))
+    tgt, drf = load_pair(str(t), str(d), dtype=torch.float32, device="cpu")
+    return tgt, drf, books, root
+
+
+def test_acceptance_runs_resumes_and_writes(setup):
+    tgt, drf, books, root = setup
+    cfg = AcceptanceConfig(contexts=(90, 130), windows=2, max_new_tokens=7, gamma=3, budgets=(24, 512),
+                           policies=("full", "dustin", "streamingllm", "quest"), books_dir=str(books))
+    configs = {b: SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, b, sinks=2, window=6) for b in cfg.budgets}
+    runs = root / "out" / "x.runs.jsonl"
+    recs = run_acceptance(tgt, drf, configs, cfg, runs)
+    assert len(recs) == 2 * (1 + 3 * 2)
+    lines = runs.read_text().splitlines()
+    assert len(lines) == len(recs)
+    for r in recs:
+        assert r["sequences"] == 2 and r["new_tokens"] == 14
+        if r["policy"] == "full" or r["budget"] == 512:
+            assert r["retention"] == 1 and r["prefix"] == 1 and r["arr"] == pytest.approx(1, abs=1e-5)
+        else:
+            assert 0 < r["arr"] < 1
+    # the shared prefill gives what an ordinary run gives
+    full90 = next(r for r in recs if r["context"] == 90 and r["policy"] == "full")
+    from dustin_eval.pg19 import iter_windows
+
+    prompts = [w.ids for w in iter_windows(tgt.tokenizer, books, 90, max_windows=2, max_windows_per_book=1)]
+    alone = speculative_generate(tgt.model, drf.model, prompts, 7, gamma=3,
+                                 hooks=make_policy("full", None, target=tgt.model, draft=drf.model))
+    assert alone.tokens == full90["tokens"]
+    # a re-run reads the finished runs instead of decoding again
+    again = run_acceptance(tgt, drf, configs, cfg, runs)
+    assert len(runs.read_text().splitlines()) == len(lines)
+    assert [r["tau"] for r in again] == [r["tau"] for r in recs]
+    j, m = write_acceptance(again, root / "out", "x", provenance(), cfg, configs)
+    doc = json.loads(j.read_text())
+    assert {r["policy"] for r in doc["rows"]} == {"full", "dustin", "streamingllm", "quest"}
+    assert "tokens" not in doc["runs"][0]
+    text = m.read_text()
+    assert "context 90" in text and "S=24" in text and "| full |" in text

@@ -1,0 +1,285 @@
+"""Sparse verification policies end to end on tiny random models: full budget equals full
+verification, set invariants under ragged acceptance, sparse attention equals masked attention,
+the kernel path equals the reference path, and ARR orders oracle >= dustin >= streamingllm."""
+
+import pytest
+import torch
+
+from dustin_runtime.attention import AttentionBackend
+from dustin_runtime.errors import DustinError
+from dustin_runtime.loader import load_model
+from dustin_runtime.ops import SparseOps
+from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse import POLICIES, SparseConfig
+from dustin_runtime.speculative import SpecHooks, speculative_generate
+
+PROMPTS = [
+    [(7 * i + 3) % 131 for i in range(61)],
+    [(5 * i + 1) % 131 for i in range(38)],
+    [(11 * i + 2) % 131 for i in range(83)],
+]
+MAX_NEW = [18, 25, 14]
+SPARSE = [p for p in POLICIES if p != "full"]
+
+
+def noisy_copy(folder, scale=0.6, seed=12):
+    draft, _ = load_model(str(folder))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(scale * p.std() * torch.randn(p.shape, generator=g))
+    return draft
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny ops: one intra-op thread (two threads spin-wait badly on a shared 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tests.conftest import make_tiny_hf
+
+    folder = tmp_path_factory.mktemp("pol") / "t"
+    make_tiny_hf("llama3", folder, seed=11)
+    target, _ = load_model(str(folder))
+    return target, noisy_copy(folder)
+
+
+def run(pair, policy, cfg, measure_arr=False, ops=None, trace=False, prompts=PROMPTS, max_new=MAX_NEW, gamma=3,
+        paired=False):
+    target, draft = pair
+    hooks = make_policy(policy, cfg, target=target, draft=draft, measure_arr=measure_arr, ops=ops, paired=paired)
+    if trace:
+        hooks.trace = []
+    return speculative_generate(target, draft, prompts, max_new, gamma=gamma, hooks=hooks), hooks
+
+
+def config(target, draft, budget, sinks=2, window=6):
+    return SparseConfig.all_heads(target.cfg, draft.cfg, budget, sinks=sinks, window=window)
+
+
+@pytest.mark.parametrize("policy", SPARSE)
+def test_budget_covering_the_context_gives_the_tokens_of_full(pair, policy):
+    full, _ = run(pair, "full", None)
+    plain = speculative_generate(*pair, PROMPTS, MAX_NEW, gamma=3)
+    assert full.tokens == plain.tokens
+    out, _ = run(pair, policy, config(*pair, budget=128), measure_arr=True, paired=True)
+    assert out.tokens == full.tokens
+    assert out.stats.policy == policy
+    x = out.stats.extra
+    assert x["arr"] == pytest.approx(1.0, abs=1e-5)
+    assert x["agree"] == 1 and x["paired_retention"] == 1 and x["full_tau"] == pytest.approx(out.stats.mean_accepted + 1)
+
+
+@pytest.mark.parametrize("policy", ["streamingllm", "quest", "oracle"])
+def test_paired_acceptance_at_a_small_budget(pair, policy):
+    out, _ = run(pair, policy, config(*pair, budget=16, sinks=2, window=4), paired=True)
+    x = out.stats.extra
+    tau = out.stats.mean_accepted + 1
+    assert x["paired_retention"] * x["full_tau"] == pytest.approx(tau)  # the same (sequence, step) pairs
+    assert 0 < x["agree"] < 1  # a 16-row set changes some verifications, not all
+
+
+def check_set(idx, L, S, sinks, window):
+    """Invariants of one sequence's set idx [S] for context L."""
+    idx = idx.tolist()
+    assert len(idx) == S
+    if L <= S:
+        assert idx == list(range(L)) + [-1] * (S - L)
+        return
+    assert all(0 <= i < L for i in idx), (idx, L)
+    assert idx == sorted(set(idx)), "sorted and unique"
+    assert set(range(sinks)) <= set(idx) and set(range(L - window, L)) <= set(idx)
+
+
+@pytest.mark.parametrize("policy", SPARSE)
+def test_set_invariants_under_ragged_acceptance(pair, policy):
+    S, sinks, window = 24, 2, 6
+    out, hooks = run(pair, policy, config(*pair, budget=S, sinks=sinks, window=window), trace=True)
+    acc = torch.tensor(out.stats.accepted)  # [steps, B]
+    live = acc >= 0
+    ragged = [(row[m].min() != row[m].max()).item() for row, m in zip(acc, live, strict=True) if m.sum() > 1]
+    assert any(ragged), "the test must see sequences accepting different lengths in one step"
+    # the lengths each step verified at, from the accepted counts (prompt - 1, then + n + 1)
+    lens = torch.tensor([len(p) - 1 for p in PROMPTS])
+    expected = []
+    for row in acc:
+        expected.append(lens.clone())
+        lens = lens + torch.where(row >= 0, row + 1, 0)
+    sets = hooks.trace
+    per_step = 1 if policy != "quest" else pair[0].cfg.num_layers
+    assert len(sets) == per_step * len(expected)
+    for i, (_, L, idx) in enumerate(sets):
+        want = expected[i // per_step]
+        assert L.tolist() == want.tolist()
+        rows = idx if idx.dim() == 2 else idx.flatten(0, 1)
+        Ls = want if idx.dim() == 2 else want.repeat_interleave(idx.shape[1])
+        assert rows.shape[-1] == S and rows.dtype == torch.int32
+        for r, Lr in zip(rows, Ls.tolist(), strict=True):
+            check_set(r, Lr, S, sinks, window)
+    assert any(int(L.max()) > S for _, L, _ in sets), "the budget must bind"
+
+
+class MaskedVerify(SpecHooks):
+    """Reference of sparse verification: the torch reference attention over a boolean mask of the
+    rows in another policy's set (recorded by it) plus the new tokens."""
+
+    name = "masked"
+
+    def __init__(self, sets):
+        self.sets, self.step = sets, 0
+
+    def target_backend(self, default):
+        outer = self
+
+        class Backend(AttentionBackend):
+            def attend(self, layer, q, cache, ctx):
+                if ctx.phase != "verify":
+                    return default.attend(layer, q, cache, ctx)
+                _, _, idx = outer.sets[outer.step]
+                B, N = q.shape[0], cache.max_len
+                keep = torch.zeros(B, N + 1, dtype=torch.bool)
+                keep.scatter_(1, torch.where(idx >= 0, idx, N).long(), True)
+                keep = keep[:, :N] | (torch.arange(N) >= ctx.start.view(B, 1))  # the new tokens
+                return _masked_attention(q, cache.k[layer], cache.v[layer], ctx.start, keep)
+
+        return Backend()
+
+    def after_verify(self, accepted, advance):
+        self.step += 1
+
+
+def _masked_attention(q, k, v, start, keep):
+    B, H, M, D = q.shape
+    G, N = k.shape[1], k.shape[2]
+    qpos = start.view(B, 1).long() + torch.arange(M)
+    visible = (torch.arange(N).view(1, 1, N) <= qpos.unsqueeze(-1)) & keep.view(B, 1, N)  # [B, M, N]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=visible.unsqueeze(1), enable_gqa=G != H).to(q.dtype)
+
+
+@pytest.mark.parametrize("policy", ["dustin", "streamingllm", "oracle"])
+def test_sparse_verification_equals_masked_full_attention(pair, policy):
+    cfg = config(*pair, budget=20, sinks=2, window=5)
+    out, hooks = run(pair, policy, cfg, trace=True)
+    ref = speculative_generate(*pair, PROMPTS, MAX_NEW, gamma=3, hooks=_Tail(MaskedVerify(hooks.trace)))
+    assert ref.tokens == out.tokens
+    full, _ = run(pair, "full", None)
+    assert out.tokens != full.tokens  # the budget changes what is verified
+
+
+class _Tail(SpecHooks):
+    """Wraps hooks with the policies' prefill tail (same prefill chunks, so the same cache)."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+
+    def target_backend(self, default):
+        return self.inner.target_backend(default)
+
+    def prefill_tail(self, gamma):
+        return gamma + 1
+
+    def after_verify(self, accepted, advance):
+        self.inner.after_verify(accepted, advance)
+
+
+@pytest.mark.parametrize("policy", ["dustin", "quest"])
+def test_triton_kernels_path_equals_reference_path(pair, policy):
+    """The CUDA path (srh_scores, select_indices, sparse_verify_attention launchers), run in the
+    Triton interpreter, picks the same sets and tokens as the torch references."""
+    cfg = config(*pair, budget=24)
+    prompts, max_new = PROMPTS[:2], [6, 6]
+    a, ha = run(pair, policy, cfg, trace=True, prompts=prompts, max_new=max_new)
+    b, hb = run(pair, policy, cfg, trace=True, prompts=prompts, max_new=max_new, ops=SparseOps(triton=True))
+    assert a.tokens == b.tokens
+    for (_, la, ia), (_, lb, ib) in zip(ha.trace, hb.trace, strict=True):
+        assert torch.equal(la, lb) and torch.equal(ia, ib)
+
+
+def test_arr_orders_oracle_dustin_streamingllm(tmp_path):
+    """Constructed case: every query of the target is one constant vector (q weights zeroed, a q
+    bias on the slowest RoPE pair, RoPE almost still), so attention follows key content, not
+    position, and concentrates on a few tokens anywhere in the context. History and lookahead
+    signals find them; a recent window does not."""
+    from tests.conftest import make_tiny_hf
+
+    folder = tmp_path / "q"
+    make_tiny_hf("qwen2", folder, seed=5, rope_theta=1e9)
+    target, _ = load_model(str(folder))
+    draft = noisy_copy(folder, scale=0.2, seed=6)
+    c = target.cfg
+    D, half = c.head_dim, c.head_dim // 2
+    for m in (target, draft):
+        with torch.no_grad():
+            for blk in m.layers:
+                blk.attn.wqkv.weight[: c.q_size] = 0
+                bias = torch.zeros(c.num_heads, D)
+                bias[:, half - 1] = 150.0  # the slowest-rotating pair: position hardly matters
+                bias[:, D - 1] = 150.0
+                blk.attn.wqkv.bias[: c.q_size] = bias.flatten()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 131, (n,), generator=g).tolist() for n in (150, 121)]
+    cfg = SparseConfig.all_heads(c, draft.cfg, 24, sinks=2, window=4)
+    arr = {}
+    for policy in ("oracle", "dustin", "target-only", "streamingllm", "quest"):
+        hooks = make_policy(policy, cfg, target=target, draft=draft, measure_arr=True)
+        out = speculative_generate(target, draft, prompts, 12, gamma=3, hooks=hooks)
+        arr[policy] = out.stats.extra["arr"]
+    assert arr["oracle"] >= arr["dustin"] - 1e-6, arr
+    assert arr["dustin"] > arr["streamingllm"] + 0.05, arr
+    assert arr["target-only"] > arr["streamingllm"] + 0.05, arr
+    assert arr["quest"] > arr["streamingllm"], arr
+
+
+def test_policy_refusals(pair):
+    target, draft = pair
+    with pytest.raises(DustinError, match="unknown policy"):
+        make_policy("h2o", None, target=target, draft=draft)
+    with pytest.raises(DustinError, match="needs a budget"):
+        make_policy("quest", None, target=target, draft=draft)
+    with pytest.raises(DustinError, match="needs retrieval heads"):
+        make_policy("dustin", SparseConfig(budget=64, sinks=2, window=6, m=10), target=target, draft=draft)
+    with pytest.raises(DustinError, match="smaller than sinks \\+ window"):
+        SparseConfig(budget=10, sinks=4, window=8)
+    bad = SparseConfig(budget=64, sinks=2, window=6, m=10, draft_heads=((0, 0, (0, 1, 2, 3)),),
+                       target_heads=((5, 0, (0,)),))
+    with pytest.raises(DustinError, match="outside the target model"):
+        make_policy("dustin", bad, target=target, draft=draft)
+    wrong_group = SparseConfig(budget=64, sinks=2, window=6, m=10, draft_heads=((0, 1, (0,)),),
+                               target_heads=((1, 0, (0,)),))
+    with pytest.raises(DustinError, match="do not use KV head 1"):
+        make_policy("dustin", wrong_group, target=target, draft=draft)
+
+
+def test_dustin_set_is_the_hybrid_of_both_signals(pair):
+    """Each step's set is select_indices(draft lookahead, target history, m) of that step's signals,
+    both signals are live (normalised distributions over [0, L)), and m > 0 changes the set."""
+    from dustin_kernels import select_indices_ref
+
+    cfg = config(*pair, budget=24)
+    target, draft = pair
+    hooks = make_policy("dustin", cfg, target=target, draft=draft)
+    checked = []
+    inner = hooks.before_verify
+
+    def before_verify():
+        inner()
+        lens = hooks.tcache.lengths
+        want = select_indices_ref(hooks.draft_score, hooks.history, lens, budget=24, sinks=2, window=6, m=hooks.m)
+        only_target = select_indices_ref(hooks.history, None, lens, budget=24, sinks=2, window=6, m=16)
+        for score in (hooks.draft_score, hooks.history):
+            L = lens.long().view(-1, 1)
+            inside = torch.arange(score.shape[1]).view(1, -1) < L
+            assert torch.allclose(score.sum(1), torch.ones(len(L))) and (score[~inside] == 0).all()
+        checked.append((torch.equal(hooks.indices, want), torch.equal(want, only_target)))
+
+    hooks.before_verify = before_verify
+    speculative_generate(target, draft, PROMPTS, MAX_NEW, gamma=3, hooks=hooks)
+    assert hooks.m == 8 and all(ok for ok, _ in checked)
+    assert not all(same for _, same in checked)  # the draft's share matters
