@@ -210,6 +210,15 @@ def profile_show(
         console.print(f"[green]{path} matches the given model(s)[/]")
 
 
+def _load_pair(target: str, draft: str | None, dtype: str, device: str):
+    """Pick the device and dtype, load the target (and draft) with a spinner."""
+    from dustin_runtime import pipeline
+
+    dev = pipeline.pick_device(device)
+    with console.status("loading models", spinner="dots"):
+        return pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev)
+
+
 @app.command()
 def decode(
     target: str = typer.Option(..., help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'."),
@@ -243,10 +252,7 @@ def decode(
     spec = _SparseSpec.parse(policy, profile, budget, sinks, window, all_heads)
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
-    dev = pipeline.pick_device(device)
-    dt = pipeline.pick_dtype(dtype, dev)
-    with console.status("loading models", spinner="dots"):
-        tgt, drf = pipeline.load_pair(target, draft, dtype=dt, device=dev)
+    tgt, drf = _load_pair(target, draft, dtype, device)
     hooks = None
     if drf is not None:
         from dustin_runtime.policies import make_policy
@@ -291,7 +297,6 @@ def eval_acceptance(
 
     from dustin_eval import acceptance as acc
     from dustin_eval.results import provenance
-    from dustin_runtime import pipeline
     from dustin_runtime.sparse import POLICIES
 
     if threads is not None:
@@ -306,9 +311,7 @@ def eval_acceptance(
     )
     specs = {b: _SparseSpec.parse("dustin" if "dustin" in chosen else "streamingllm", profile, b, sinks, window,
                                   all_heads) for b in ints}
-    dev = pipeline.pick_device(device)
-    with console.status("loading models", spinner="dots"):
-        tgt, drf = pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev)
+    tgt, drf = _load_pair(target, draft, dtype, device)
     configs = {b: spec.config(tgt, drf) for b, spec in specs.items()}
     runs = out_dir / f"{name}.runs.jsonl"
 
@@ -489,12 +492,9 @@ def eval_pg19(
 
     from dustin_eval.corpus import gutenberg_split
     from dustin_eval.pg19_eval import run_pg19
-    from dustin_runtime import pipeline
 
     runs, specs = _policy_runs(policy, budget, profile, sinks, window, all_heads)
-    dev = pipeline.pick_device(device)
-    with console.status("loading models", spinner="dots"):
-        tgt, drf = pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev)
+    tgt, drf = _load_pair(target, draft, dtype, device)
     make = _hooks_factory(specs, tgt, drf, measure_arr)
     with Progress(console=console) as bar:
         task = bar.add_task(f"pg19 context {context}", total=windows * len(runs))
@@ -531,7 +531,6 @@ def eval_passkey(
 
     from dustin_eval.corpus import gutenberg_split, read_filler
     from dustin_eval.passkey_eval import run_passkey
-    from dustin_runtime import pipeline
 
     runs, specs = _policy_runs(policy, budget, profile, sinks, window, all_heads)
     try:
@@ -539,9 +538,7 @@ def eval_passkey(
         dps = [float(d) for d in depths.split(",") if d.strip()]
     except ValueError:
         raise DustinError("--contexts takes integers and --depths numbers, comma-separated") from None
-    dev = pipeline.pick_device(device)
-    with console.status("loading models", spinner="dots"):
-        tgt, drf = pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev)
+    tgt, drf = _load_pair(target, draft, dtype, device)
     limit = min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
     if max(ctx) + max_new_tokens > limit:
         raise DustinError(f"context {max(ctx)} + {max_new_tokens} new tokens exceeds the models' limit of {limit} "
@@ -584,7 +581,6 @@ def eval_longbench(
     from dustin_eval.longbench_config import DATASETS
     from dustin_eval.longbench_runner import RunMeta, run_longbench
     from dustin_eval.runtime_generator import RuntimeGenerator
-    from dustin_runtime import pipeline
     from dustin_runtime.tokenizer import eos_ids
 
     runs, specs = _policy_runs(policy, budget, profile, sinks, window, all_heads)
@@ -599,9 +595,7 @@ def eval_longbench(
         names = [d for d in DATASETS if (data / f"{d}.jsonl").is_file()]
         if not names:
             raise DustinError(f"{data}: none of the 16 English LongBench files (<dataset>.jsonl) is there")
-    dev = pipeline.pick_device(device)
-    with console.status("loading models", spinner="dots"):
-        tgt, drf = pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev)
+    tgt, drf = _load_pair(target, draft, dtype, device)
     make = _hooks_factory(specs, tgt, drf, measure_arr=False)
     limit_len = max_length or min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
     for run in runs:
