@@ -5,6 +5,9 @@
 - `swiglu`: silu(gate) * up from the fused gate|up projection;
 - `rope_qkv_to_cache`: split the fused qkv projection, optional q/k RMSNorm (Qwen3), RoPE on q and
   k, q written as [B, H, T, D], k and v written straight into the KV cache at per-sequence positions.
+  On Hopper it lets the next kernel launch at once (programmatic dependent launch): the sparse
+  verification kernel, launched with PDL, then loads its context rows while this one runs and waits
+  for it before reading q and the new tokens.
 
 Each has a `_ref` pure-torch twin with the model's reference semantics. Math is float32 inside.
 """
@@ -14,7 +17,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dustin_kernels._util import next_pow2
+from dustin_kernels._util import next_pow2, pdl_supported
+
+try:  # grid dependency control; absent in older Triton
+    from triton.language.extra.cuda import gdc_launch_dependents
+except ImportError:  # pragma: no cover - depends on the Triton version
+    gdc_launch_dependents = None
 
 
 @triton.jit
@@ -102,8 +110,10 @@ def _rope_qkv_kernel(
     sob, soh, sot,
     skb, skg, skn,
     svb, svg, svn,
-    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, TRIGGER: tl.constexpr = False,
 ):
+    if TRIGGER:  # a PDL-launched attention kernel may start now; it waits for this grid before reading q
+        gdc_launch_dependents()
     bt = tl.program_id(0)
     head = tl.program_id(1)  # [0, H): query heads, [H, H + G): key/value heads
     b = (bt // T).to(tl.int64)
@@ -172,7 +182,7 @@ def rope_qkv_to_cache(
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        H=num_heads, G=G, D=D, QK_NORM=qk_norm,
+        H=num_heads, G=G, D=D, QK_NORM=qk_norm, TRIGGER=pdl_supported(qkv.device),
     )
     return q
 

@@ -91,6 +91,7 @@ def _verify_attn_kernel(
     SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr,
     HSPLIT: tl.constexpr = 1, PREFETCH: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 16, PF_LINES: tl.constexpr = 1,
     PF_LINE_ELEMS: tl.constexpr = 64, GDC: tl.constexpr = False, COMBINE_STAGES: tl.constexpr = 1,
+    EARLY: tl.constexpr = 0,
 ):
     split = tl.program_id(0)
     g = tl.program_id(1) // HSPLIT  # HSPLIT programs share the K/V rows of group g, each with a
@@ -128,6 +129,12 @@ def _verify_attn_kernel(
                     line = tl.arange(0, PF_LINES) * PF_LINE_ELEMS
                     _prefetch_l2(kb + r[:, None] * skn + line[None, :], row_bytes, False)
                     _prefetch_l2(vb + r[:, None] * svn + line[None, :], row_bytes, False)
+        if EARLY > 0:  # the first EARLY indexed context rows, loaded before the wait (module doc)
+            e_offs = lo + tl.arange(0, EARLY)
+            e_rows = tl.load(ib + e_offs * sis, mask=e_offs < hi, other=-1)
+            e_mask = (e_rows >= 0)[:, None] & dmask[None, :]
+            k_early = tl.load(kb + e_rows[:, None] * skn + rd[None, :] * skd, mask=e_mask, other=0.0)
+            v_early = tl.load(vb + e_rows[:, None] * svn + rd[None, :] * svd, mask=e_mask, other=0.0)
     if GDC:  # programmatic dependent launch: everything below may depend on the previous kernel
         gdc_wait()
         gdc_launch_dependents()
@@ -151,7 +158,10 @@ def _verify_attn_kernel(
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     if not SPARSE:
         hi = tl.minimum(lo + chunk, L)
-    for start in range(lo, hi, BLOCK_N):
+    if SPARSE and EARLY > 0:
+        m_i, l_i, acc = _update(q, k_early.to(tl.float32), v_early.to(tl.float32), (e_rows >= 0)[None, :],
+                                m_i, l_i, acc, qk_scale, DT, PREC)
+    for start in range(lo + EARLY, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         if SPARSE:
             rows = tl.load(ib + offs * sis, mask=offs < hi, other=-1)
@@ -221,7 +231,7 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
 
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
             sparse, num_splits, block_n, num_warps, num_stages, pdl=None, head_split=None, prefetch=None,
-            combine_stages=1):
+            combine_stages=1, early=0, prefetch_rows=None):
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
     out = check_out(out, (B, H, M, D), q.dtype, q.device)
@@ -243,8 +253,9 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         block_n = 32 if not sparse else min(128, max(32, next_pow2(cdiv(max(span, 1), num_splits))))
     if num_stages is None:
         num_stages = 3 if block_n >= 128 else 4
-        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q) * BLOCK_D * q.element_size()  # noqa: E731
-        while smem(block_n, num_stages) > 215 * 1024 and (num_stages > 2 or block_n > 16):
+        early_rows = int(early or 0) if sparse else 0  # its K/V tiles also pass through shared memory
+        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q + 2 * early_rows) * BLOCK_D * q.element_size() + 9 * 1024  # noqa: E731
+        while smem(block_n, num_stages) > 226 * 1024 and (num_stages > 2 or block_n > 16):
             if num_stages > 2:  # stay inside the 227 KB of shared memory a block may use
                 num_stages -= 1
             else:
@@ -266,6 +277,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         l2 = getattr(torch.cuda.get_device_properties(q.device), "L2_cache_size", 50 << 20)
         per_row = 2 * row_bytes * B * G * hsplit * splits
         pf_rows = min(chunk, max(16, int(0.6 * l2 // per_row) // 16 * 16))
+        if prefetch_rows is not None:
+            pf_rows = min(chunk, max(16, int(prefetch_rows)))
     pf_block = min(512, max(16, next_pow2(pf_rows)))
     if pdl is None:
         pdl = sparse
@@ -284,6 +297,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         isb, isg, iss = idx.stride(0), 0, idx.stride(1)
     else:
         isb, isg, iss = idx.stride()
+    early = int(early or 0) if sparse else 0
+    require(early == 0 or early == next_pow2(early) and early >= 16, f"early must be 0 or a power of two >= 16, got {early}")
     extra = {"launch_pdl": True} if gdc else {}
     _verify_attn_kernel[(splits, G * hsplit, B)](
         q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
@@ -294,7 +309,7 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         HSPLIT=hsplit, PREFETCH=prefetch, PF_BLOCK=pf_block, PF_LINES=cdiv(row_bytes, 128),
-        PF_LINE_ELEMS=128 // esize, GDC=gdc, COMBINE_STAGES=combine_stages,
+        PF_LINE_ELEMS=128 // esize, GDC=gdc, COMBINE_STAGES=combine_stages, EARLY=early,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
@@ -345,6 +360,8 @@ def sparse_verify_attention(
     pdl: bool | None = None,
     head_split: int | None = None,
     prefetch: int | None = None,
+    early: int = 0,
+    prefetch_rows: int | None = None,
 ) -> torch.Tensor:
     """Attention of M verification queries over a selected set of cache rows: [B, H, M, D].
 
@@ -365,4 +382,5 @@ def sparse_verify_attention(
             f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
     require(indices.device == q.device, "indices must be on the same device as q")
     return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
-                   True, num_splits, block_n, num_warps, num_stages, pdl, head_split, prefetch)
+                   True, num_splits, block_n, num_warps, num_stages, pdl, head_split, prefetch, early=early,
+                   prefetch_rows=prefetch_rows)

@@ -1,0 +1,153 @@
+"""Round 3 of the sparse verification kernel (kernels/NOTES.md): context rows loaded before the PDL
+wait, tiles small enough for two programs per SM, timed like `dustin bench attention` (per call in
+a CUDA graph of many calls over distinct buffers), back to back and after the real decode-step
+neighbour (`rope_qkv_to_cache`, which writes q and the new tokens). Every variant is checked
+against the fp32 reference.
+
+    python -m dustin_eval.probe_sparse OUT.json [--small] [--only=1,5,7] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from dustin_eval.bench_attention import SHAPES, _n_calls, _record, copy_bandwidth_tbps, environment
+
+VARIANTS = [  # shared memory per program on sm_90 (triton 3.6) in brackets: <= 113 KB lets 2 share an SM
+    ("default (pdl, 128 rows, 3 stages) [217 KB]", {}),
+    ("64 rows, 2 stages [88 KB]", dict(block_n=64, num_stages=2)),
+    ("32 rows, 4 stages [56 KB]", dict(block_n=32, num_stages=4)),
+    ("early 64, 32 rows, 3 stages [88 KB]", dict(early=64, block_n=32, num_stages=3)),
+    ("early 64, 32 rows, 2 stages [88 KB]", dict(early=64, block_n=32, num_stages=2)),
+    ("early 32, 64 rows, 2 stages [104 KB]", dict(early=32, block_n=64, num_stages=2)),
+    ("early 32, 32 rows, 3 stages [72 KB]", dict(early=32, block_n=32, num_stages=3)),
+    ("early 128, 32 rows, 2 stages [120 KB]", dict(early=128, block_n=32, num_stages=2)),
+    ("64 rows, 2 stages + prefetch 256 [88 KB]", dict(block_n=64, num_stages=2, prefetch=2, prefetch_rows=256)),
+    ("64 rows, 2 stages + prefetch all [88 KB]", dict(block_n=64, num_stages=2, prefetch=2, prefetch_rows=512)),
+    ("early 64, 32 rows, 3 stages + prefetch 256", dict(early=64, block_n=32, num_stages=3, prefetch=2,
+                                                        prefetch_rows=256)),
+    ("early 64, 32 rows, 3 stages + prefetch all", dict(early=64, block_n=32, num_stages=3, prefetch=2,
+                                                        prefetch_rows=512)),
+    ("32 rows, 4 stages + prefetch all [56 KB]", dict(block_n=32, num_stages=4, prefetch=2, prefetch_rows=512)),
+    ("early 64, 128 rows, 2 stages [184 KB]", dict(early=64, block_n=128, num_stages=2)),
+    ("early 128, 128 rows, 2 stages [217 KB]", dict(early=128, block_n=128, num_stages=2)),
+    ("128 rows, 2 stages [152 KB]", dict(block_n=128, num_stages=2)),
+]
+
+
+def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool = True) -> dict:
+    """Records for every variant at the 72B shape (32k, batch 16, S 512), the best ones against the
+    budget, and after the decode-step neighbour. small=True: tiny CPU shapes, one untimed call each."""
+    from dustin_kernels import sparse_verify_attention, sparse_verify_attention_ref
+    from dustin_kernels.layer_ops import rope_qkv_to_cache
+    from dustin_kernels.checks import rel_err
+
+    if small:
+        B, H, G, D, N, S, n_buf, dev, dt = 2, 8, 2, 16, 300, 48, 2, torch.device("cpu"), torch.float32
+        copy_tbps, l2 = 1.0, 1 << 20
+        variants = [(n, {**kw, "block_n": 16, "early": min(kw.get("early", 0), 32)} if kw else kw)
+                    for n, kw in VARIANTS[:4]]
+
+        def rec(kernel, calls, bytes_, **extra):
+            calls[0]()
+            return {"kernel": kernel, "bytes": int(bytes_), "median_ms": 1.0, **extra}
+    else:
+        shp = SHAPES["qwen2.5-72b"]
+        B, H, G, D, N, S, n_buf, dev, dt = 16, shp.heads, shp.kv_heads, shp.head_dim, 32768, 512, 12, \
+            torch.device("cuda"), torch.bfloat16
+        copy_tbps = copy_bandwidth_tbps()["tbps"]
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        variants = [v for i, v in enumerate(VARIANTS) if only is None or i == 0 or i in only]
+
+        def rec(kernel, calls, bytes_, **extra):
+            return _record(kernel, calls, bytes_, copy_tbps, **extra)
+
+    M = 5
+    n_max = N + M
+    torch.manual_seed(0)
+    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    q_bytes = B * H * M * D * dt.itemsize
+    # the decode-step neighbour: rope + cache write of the M new tokens from a fused qkv projection
+    qkv = [torch.randn(B, M, (H + 2 * G) * D, dtype=dt, device=dev) for _ in range(2)]
+    rope = torch.randn(2, n_max, D, dtype=torch.float32, device=dev)
+    pos = (lens[:, None] + torch.arange(M, device=dev)[None, :]).to(torch.int64)
+
+    def idx_sets(S_, n):
+        return [torch.sort(torch.rand(B, N, device=dev).topk(S_, dim=1).indices, dim=1).values.to(torch.int32)
+                for _ in range(n)]
+
+    def measure(S_, name, kw, idx, n_calls, neighbour=False):
+        try:
+            return _measure(S_, name, kw, idx, n_calls, neighbour)
+        except Exception as e:  # a variant the compiler rejects (resources): record why, go on
+            return {"kernel": "rope_then_sparse" if neighbour else "sparse", "variant": name, "budget": S_,
+                    "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", **kw}
+
+    def _measure(S_, name, kw, idx, n_calls, neighbour=False):
+        sel = 2 * B * G * (S_ + M) * D * dt.itemsize
+        sbytes = sel + 2 * q_bytes + B * S_ * 4
+        if not neighbour:
+            ref = sparse_verify_attention_ref(qs[0], ks[0], vs[0], idx[0], lens)
+            err = rel_err(sparse_verify_attention(qs[0], ks[0], vs[0], idx[0], lens, **kw), ref)
+            calls = [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)],
+                                                         lens, out=outs[i % n_buf], **kw) for i in range(n_calls)]
+            return rec("sparse", calls, sbytes, variant=name, budget=S_, rel_err=err, **kw)
+
+        def step(i):
+            b = i % n_buf
+            q = rope_qkv_to_cache(qkv[i % 2], rope, pos, ks[b], vs[b], H)
+            return sparse_verify_attention(q, ks[b], vs[b], idx[i % len(idx)], lens, out=outs[b], **kw)
+
+        q0 = rope_qkv_to_cache(qkv[0], rope, pos, ks[0], vs[0], H)
+        err = rel_err(step(0), sparse_verify_attention_ref(q0, ks[0], vs[0], idx[0], lens))
+        return rec("rope_then_sparse", [lambda i=i: step(i) for i in range(n_calls)], sbytes, variant=name,
+                   budget=S_, rel_err=err, **kw)
+
+    recs: list[dict] = []
+    n512 = 2 if small else _n_calls(2 * B * G * (S + M) * D * dt.itemsize, l2)
+    idx = idx_sets(S, n512)
+    for name, kw in variants:
+        recs.append(measure(S, name, kw, idx, n512))
+    ranked = sorted((r for r in recs if "error" not in r), key=lambda r: r["median_ms"])
+    best = [v for v in variants if v[0] in {r["variant"] for r in ranked[:3]}]
+    base = variants[0]
+    if base not in best:
+        best = [base] + best
+    # after the decode-step neighbour (it lets a PDL kernel start early on Hopper), and rope alone
+    for name, kw in best:
+        recs.append(measure(S, name, kw, idx, n512, neighbour=True))
+    recs.append(rec("rope_alone", [lambda i=i: rope_qkv_to_cache(qkv[i % 2], rope, pos, ks[i % n_buf], vs[i % n_buf], H)
+                                   for i in range(n512)], 2 * q_bytes, budget=S))
+    # the budget sweep: fixed cost (intercept) and cost per selected row (slope)
+    for S_ in ([] if small or not sweep else [64, 128, 256, 1024, 2048]):
+        n = _n_calls(2 * B * G * (S_ + M) * D * dt.itemsize, l2)
+        idx_s = idx_sets(S_, n)
+        for name, kw in best:
+            recs.append(measure(S_, name, kw, idx_s, n))
+    return {"copy_tbps": copy_tbps, "gpu": "cpu (interpreter)" if small else torch.cuda.get_device_name(0),
+            "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
+
+
+def main(argv: list[str]) -> None:
+    small = "--small" in argv
+    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
+    path = [a for a in argv if not a.startswith("--")][0]
+    res = probe_round3(small, [int(x) for x in only.split(",")] if only else None, "--no-sweep" not in argv)
+    res["environment"] = environment("python -m dustin_eval.probe_sparse " + " ".join(argv)) if not small else {}
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    for r in res["records"]:
+        print(f"{r['kernel']:18s} {r.get('variant', ''):46s} S={r.get('budget', '')!s:5s} "
+              f"{r.get('median_ms', float('nan')) * 1e3:8.2f} us  do_bench {r.get('do_bench_ms', float('nan')) * 1e3:7.1f}"
+              f"  err {r.get('rel_err', float('nan')):.4f} {r.get('error', '')}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
