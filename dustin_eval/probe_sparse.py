@@ -42,8 +42,8 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
     """Records for every variant at the 72B shape (32k, batch 16, S 512), the best ones against the
     budget, and after the decode-step neighbour. small=True: tiny CPU shapes, one untimed call each."""
     from dustin_kernels import sparse_verify_attention, sparse_verify_attention_ref
-    from dustin_kernels.layer_ops import rope_qkv_to_cache
     from dustin_kernels.checks import rel_err
+    from dustin_kernels.layer_ops import rope_qkv_to_cache
 
     if small:
         B, H, G, D, N, S, n_buf, dev, dt = 2, 8, 2, 16, 300, 48, 2, torch.device("cpu"), torch.float32

@@ -20,6 +20,8 @@ and the rows they name, and before any write; it signals its own dependents only
 Optionally (`prefetch`, off by default: measured slower at budgets >= 512, see kernels/NOTES.md)
 a program first reads its first `pf_rows` indices and asks L2 for those K/V rows (prefetch hints,
 before the wait: the early index reads only steer hints, so no result depends on them).
+Optionally (`early`, off by default) a program also loads its first indexed context rows before
+the wait; see `sparse_verify_attention` for when that is allowed.
 """
 
 from __future__ import annotations
@@ -373,7 +375,12 @@ def sparse_verify_attention(
     pdl (default on where supported) lets the kernel's start overlap the previous kernel (module
     doc); prefetch (0 off (default), 1 per line, 2 bulk) asks L2 for the selected rows up front;
     head_split > 1 gives each group's query rows to that many programs that read the same K/V
-    rows. Other tuning keywords as in `full_verify_attention`.
+    rows. early (a power of two >= 16, 0 off (default)) loads each program's first `early` indexed
+    context rows before the PDL wait: only for index sets and context rows that the kernel just
+    before on the stream does not write (a per-step global set is fine; a set computed by the
+    previous kernel is not). prefetch_rows overrides how many rows `prefetch` hints. early,
+    prefetch and head_split were measured slower than the defaults on the H200 (kernels/NOTES.md).
+    Other tuning keywords as in `full_verify_attention`.
     """
     B = q.shape[0]
     G = k_cache.shape[1] if k_cache.dim() == 4 else 0
