@@ -88,6 +88,21 @@ repro-passkey: .stamp-install
 	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 --depths 0,0.25,0.5,0.75,1 \
 		--policy full,dustin,streamingllm --budget 256 --profile $(PROFILE) --out-dir results/passkey
 
+# The same pair calibrated with 4 key-value retrieval episodes besides the 4 prose windows
+# (results/retrieval/README.md): the profile, then passkey and PG-19 through it.
+RPROFILE = profiles/smollm2-draft-retrieval.json
+.PHONY: repro-retrieval
+repro-retrieval: .stamp-install
+	$(PY) -m dustin.cli profile --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib \
+		--context 4096 --windows 4 --retrieval-windows 4 --max-heads 4 --budget 512 --gamma 4 --sinks 4 --window 64 \
+		--out $(RPROFILE)
+	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 --depths 0,0.25,0.5,0.75,1 \
+		--policy dustin --budget 256 --profile $(RPROFILE) --out-dir results/retrieval/passkey
+	$(PY) -m dustin.cli eval pg19 --context 4096 --eval-tokens 256 --windows 2 --policy full,dustin \
+		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19
+	$(PY) -m dustin.cli eval pg19 --context 7936 --eval-tokens 256 --windows 2 --policy full,dustin \
+		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19
+
 repro-longbench: .stamp-install
 	$(PY) -m dustin.cli eval longbench --data ../shared/longbench --datasets multi_news --limit 3 \
 		--policy full,dustin,streamingllm,quest --budget 512 --profile $(PROFILE) --out-dir results/longbench

@@ -137,6 +137,10 @@ def profile(
                    "Default: ../shared/corpus/gutenberg/calib."),
     context: int = typer.Option(8192, help="Context length L of the verification passes."),
     windows: int = typer.Option(16, help="Calibration windows (one prefill each)."),
+    retrieval_windows: int = typer.Option(0, help="Extra key-value retrieval windows (a fact hidden in calibration "
+                                                  "prose, asked for at the end) so retrieval heads can win."),
+    retrieval_weight: float = typer.Option(0.5, help="Share of every mean ARR given to the retrieval windows' "
+                                                     "question passes."),
     positions: int = typer.Option(8, help="Verification passes per window (in its last quarter)."),
     budget: int = typer.Option(512, help="Verification budget S (tokens of the selected set)."),
     gamma: int = typer.Option(4, help="Draft tokens per step; gamma + 1 verification queries."),
@@ -173,14 +177,15 @@ def profile(
     if out is None:
         out = Path("profiles") / f"{Path(target).name}-{Path(draft).name}.json"
     cfg = ProfileConfig(target=target, draft=draft, out=str(out), calib=tuple(calib or ()), context=context,
-                        windows=windows, positions=positions, budget=budget, gamma=gamma, sinks=sinks,
+                        windows=windows, retrieval=retrieval_windows, retrieval_weight=retrieval_weight,
+                        positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):
         console.print(r)
-    console.print(f"wrote {res.path} ({res.recorded} windows recorded, {cfg.windows - res.recorded} "
-                  f"resumed) in {res.seconds['total']:.1f} s")
+    console.print(f"wrote {res.path} ({res.recorded} windows recorded, "
+                  f"{cfg.windows + cfg.retrieval - res.recorded} resumed) in {res.seconds['total']:.1f} s")
 
 
 @profile_app.command("show")

@@ -30,10 +30,15 @@ class CalibStats:
     layer_new: torch.Tensor | None = None  # [P, Lt]
     quest: torch.Tensor | None = None  # [P, Lt, nb]: Quest's per-layer ARR at `quest_budgets`
     quest_budgets: tuple[int, ...] = ()
+    weight: torch.Tensor | None = None  # [P] fp32 summing to 1 (None: every pass counts the same)
 
     @property
     def num_passes(self) -> int:
         return self.attn.shape[0]
+
+    def average(self, x: torch.Tensor) -> torch.Tensor:
+        """Mean of per-pass values x [..., P] over the passes, with the pass weights if any."""
+        return x.mean(-1) if self.weight is None else (x * self.weight.to(x.dtype)).sum(-1)
 
     def to(self, device) -> CalibStats:
         move = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
@@ -125,4 +130,4 @@ def arr_exact(stats: CalibStats, primary, secondary, *, budget: int, sinks: int,
 
 def layer_arr(stats: CalibStats, idx: torch.Tensor) -> torch.Tensor:
     """[Lt] per-layer ARR of index sets idx [P, S], averaged over passes."""
-    return (mass_on(stats.layer_attn, idx) + stats.layer_new).mean(0)
+    return stats.average((mass_on(stats.layer_attn, idx) + stats.layer_new).T)  # [Lt]

@@ -81,7 +81,7 @@ def quest(stats: CalibStats, budget: int) -> torch.Tensor:
 
 
 def baseline_arrs(stats: CalibStats, budget: int, sinks: int, window: int) -> dict[str, float]:
-    """Mean ARR of every baseline at `budget`."""
+    """Mean ARR of every baseline at `budget` (weighted by the pass weights where stats has them)."""
     out = {
         "streamingllm": streamingllm(stats, budget, sinks),
         "draft-only": draft_only(stats, budget, sinks, window),
@@ -90,4 +90,4 @@ def baseline_arrs(stats: CalibStats, budget: int, sinks: int, window: int) -> di
     }
     if stats.quest is not None and budget in stats.quest_budgets:
         out["quest"] = quest(stats, budget)
-    return {k: float(v.mean()) for k, v in out.items()}
+    return {k: float(stats.average(v)) for k, v in out.items()}

@@ -37,6 +37,7 @@ class Window:
     source: str
     offset: int
     tokens: tuple[int, ...]
+    fact: tuple[int, int] | None = None  # rows [start, end) of a retrieval episode's fact
 
 
 def _files(spec: str) -> list[Path]:
@@ -164,3 +165,33 @@ def windows_hash(windows: list[Window]) -> str:
     for w in windows:
         h.update(json.dumps([Path(w.source).name, w.offset, list(w.tokens)]).encode())
     return h.hexdigest()
+
+
+RETRIEVAL_NAMES = ("amber", "birch", "cobalt", "delta", "ember", "falcon", "granite", "harbor", "indigo", "juniper",
+                   "kestrel", "lantern", "meadow", "nickel", "orchid", "pepper", "quartz", "raven", "saffron",
+                   "tundra", "umber", "violet", "willow", "yarrow", "zephyr")
+
+
+def retrieval_window(tokenizer, docs: list[Document], context: int, extra: int, index: int, seed: int = 0) -> Window:
+    """A key-value retrieval episode of `context` tokens plus `extra` answer tokens: calibration
+    prose with one fact ("The access code for the <name> vault is <6 digits>.") at a seeded depth,
+    then a question whose answer starts at token `context`, so the verification pass at L =
+    context retrieves the fact. Deterministic in (index, seed); the prose comes from `docs`
+    (the calibration split, never the evaluation one), the template differs from the passkey eval's."""
+    rng = random.Random(f"retrieval:{seed}:{index}")
+    name, code = rng.choice(RETRIEVAL_NAMES), str(rng.randrange(100000, 1000000))
+    needle = tokenizer.encode(f"\nThe access code for the {name} vault is {code}.\n", add_special_tokens=False)
+    question = tokenizer.encode(f"\n\nQuestion: what is the access code for the {name} vault?\n"
+                                f"Answer: the access code for the {name} vault is", add_special_tokens=False)
+    answer = tokenizer.encode(f" {code}.", add_special_tokens=False)
+    prefix = tokenizer_prefix(tokenizer)
+    n_fill = context - len(prefix) - len(needle) - len(question)
+    if n_fill < 16:
+        raise DustinError(f"--context {context} is too short for a retrieval window")
+    prose = cut_windows(tokenizer, docs, 1, len(prefix) + n_fill + extra, seed=rng.randrange(1 << 30))[0]
+    filler = list(prose.tokens[len(prefix):])  # [n_fill + extra]
+    k = int(rng.uniform(0.05, 0.95) * n_fill)
+    ids = prefix + filler[:k] + needle + filler[k:n_fill] + question  # exactly `context`
+    ids += (answer + filler[n_fill:])[:extra]
+    start = len(prefix) + k
+    return Window(f"retrieval:{prose.source}", prose.offset, tuple(ids), (start, start + len(needle)))

@@ -1,5 +1,9 @@
 """`dustin profile`: calibration windows -> recorded ground truth (resumable, one file per window)
--> Algorithm 1 -> baselines -> the profile artifact with its parquet tables and plots."""
+-> Algorithm 1 -> baselines -> the profile artifact with its parquet tables and plots.
+
+With `--retrieval-windows K`, K key-value retrieval episodes (calibration.retrieval_window) follow
+the prose windows; the pass that asks for the fact is scored by the share of the fact's rows the
+set keeps and weighs `--retrieval-weight` of every mean ARR (see `stack_windows`)."""
 
 from __future__ import annotations
 
@@ -47,6 +51,8 @@ class ProfileConfig:
     calib: tuple[str, ...] = ()  # empty: ../shared/corpus/gutenberg/calib
     context: int = 8192
     windows: int = 16
+    retrieval: int = 0  # extra key-value retrieval windows (calibration.retrieval_window)
+    retrieval_weight: float = 0.5  # share of the mean ARR given to their question passes
     positions: int = 8  # verification passes per window
     budget: int = 512
     gamma: int = 4
@@ -79,6 +85,8 @@ class ProfileConfig:
         bad = [b for b in self.budgets if b < self.sinks + self.window]
         if bad:
             raise DustinError(f"budgets {bad} are smaller than sinks + window ({self.sinks + self.window})")
+        if self.retrieval < 0 or not 0.0 <= self.retrieval_weight < 1.0:
+            raise DustinError("--retrieval-windows must be >= 0 and --retrieval-weight in [0, 1)")
         if self.windows < 1 or self.positions < 1 or self.max_heads < 1 or self.m_points < 1:
             raise DustinError("--windows, --positions, --max-heads and --m-points must be >= 1")
         if self.epsilon < 0:
@@ -186,11 +194,33 @@ def _load_window(path: Path, whash: str) -> dict | None:
     return rec if rec.get("window_hash") == whash else None
 
 
-def stack_windows(recs: list[dict], budgets: tuple[int, ...]) -> CalibStats:
-    """All windows' passes as one `CalibStats` (windows share the positions, hence N)."""
+def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0, retrieval_weight: float = 0.0,
+                  facts: list[tuple[int, int]] | None = None) -> CalibStats:
+    """All windows' passes as one `CalibStats` (windows share the positions, hence N).
+
+    The last `retrieval` windows are retrieval episodes: their first pass (L = context) asks for
+    the fact. Those passes together weigh `retrieval_weight` of every mean ARR (the other passes
+    share the rest), and with `facts` (rows [start, end) per retrieval window) their target
+    distribution is the fact's rows, uniform, so their ARR is the share of the fact the set keeps:
+    a fact is a few tokens and holds only a few percent of the mean attention mass, too little
+    for the mass alone to favour the heads that find it (results/passkey/README.md)."""
     cat = {k: torch.cat([r[k] for r in recs], dim=1 if k in ("draft", "target") else 0)
            for k in ("lengths", "attn", "new_mass", "draft", "target", "layer_attn", "layer_new", "quest")}
-    return CalibStats(quest_budgets=tuple(budgets), **cat)
+    weight = None
+    if retrieval:
+        per = [r["lengths"].numel() for r in recs]
+        asks = [sum(per[:w]) for w in range(len(recs) - retrieval, len(recs))]
+        if facts is not None:
+            cat["attn"], cat["new_mass"] = cat["attn"].clone(), cat["new_mass"].clone()
+            for p, (a, b) in zip(asks, facts, strict=True):
+                cat["attn"][p] = 0.0
+                cat["attn"][p, a:b] = 1.0 / (b - a)
+                cat["new_mass"][p] = 0.0
+        if retrieval_weight > 0:
+            ask = torch.zeros(sum(per), dtype=torch.bool)
+            ask[asks] = True
+            weight = torch.where(ask, retrieval_weight / len(asks), (1 - retrieval_weight) / int((~ask).sum()))
+    return CalibStats(quest_budgets=tuple(budgets), weight=weight, **cat)
 
 
 def _progress(console):
@@ -237,6 +267,8 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
     with console.status("cutting calibration windows"):
         docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
         windows = cal.cut_windows(tgt.tokenizer, docs, cfg.windows, cfg.context + cfg.gamma + 1, cfg.seed)
+        windows += [cal.retrieval_window(tgt.tokenizer, docs, cfg.context, cfg.gamma + 1, i, cfg.seed)
+                    for i in range(cfg.retrieval)]
     out = Path(cfg.out)
     work = out.with_suffix(".work")
     _open_work(work, record_key(cfg, tinfo, dinfo, dtype), restart)
@@ -261,7 +293,8 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
             recs.append(rec)
             bar.advance(task)
     t_rec = time.perf_counter() - t_rec
-    stats = stack_windows(recs, cfg.all_budgets).to(device)
+    facts = [w.fact for w in windows[len(windows) - cfg.retrieval:]] if cfg.retrieval else None
+    stats = stack_windows(recs, cfg.all_budgets, cfg.retrieval, cfg.retrieval_weight, facts).to(device)
     cands = candidates_of(drf.model.cfg, "draft") + candidates_of(tgt.model.cfg, "target")
     scfg = SearchConfig(cfg.budget, cfg.sinks, cfg.window, cfg.max_heads, cfg.epsilon, cfg.m_points)
     t_search = time.perf_counter()
@@ -276,7 +309,8 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
     t_search = time.perf_counter() - t_search
     arr, m = sweep[cfg.budget]
     prim, sec = signal_sums(stats, cands, res.chosen)
-    exact = float(arr_exact(stats, prim, sec, budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=m).mean())
+    exact = float(stats.average(arr_exact(stats, prim, sec, budget=cfg.budget, sinks=cfg.sinks,
+                                           window=cfg.window, m=m)))
     if abs(exact - arr) > 1e-4:
         raise DustinError(f"internal error: ARR from the grid ({arr:.6f}) != ARR through select_indices ({exact:.6f})")
     tables = write_tables(out, cfg, stats, cands, res, sweep, command)
@@ -284,7 +318,11 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
     calib = {
         "description": f"{len(windows)} windows of {cfg.context + cfg.gamma + 1} tokens from "
                        f"{len({w.source for w in windows})} documents of {', '.join(_relative(p) for p in cfg.calib_paths)}"
-                       f" (seed {cfg.seed}), {cfg.positions} verification passes each at L = "
+                       f" (seed {cfg.seed}"
+                       + (f"; the last {cfg.retrieval} are key-value retrieval episodes answered at L = "
+                          f"{cfg.context}, those passes weigh {cfg.retrieval_weight:g} of every ARR"
+                          if cfg.retrieval else "")
+                       + f"), {cfg.positions} verification passes each at L = "
                        f"{positions[-1]}..{positions[0]}, verification tokens: "
                        + ("the draft's greedy drafts" if cfg.verify_tokens == "draft" else "the text (teacher forcing)"),
         "sources": {_relative(k): v for k, v in cal.file_hashes(cfg.calib_paths).items()},
@@ -292,6 +330,8 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
         "context": cfg.context,
         "positions": positions,
         "seed": cfg.seed,
+        "retrieval_windows": cfg.retrieval,
+        "retrieval_weight": cfg.retrieval_weight if cfg.retrieval else 0.0,
         "verify_tokens": cfg.verify_tokens,
         "text_field": cfg.text_field,
         "sha256": cal.windows_hash(windows),

@@ -89,9 +89,10 @@ def signal_sums(stats: CalibStats, cands: list[Candidate], chosen: list[int]) ->
     return prim, sec
 
 
-def _best(arrs: torch.Tensor, ms: list[int]) -> tuple[float, int]:
-    """(ARR, m) of the best m (mean over passes; the first of equal ones)."""
-    mean = arrs.mean(1)
+def _best(stats: CalibStats, arrs: torch.Tensor, ms: list[int]) -> tuple[float, int]:
+    """(ARR, m) of the best m (mean over passes, weighted where stats has weights; the first of
+    equal ones)."""
+    mean = stats.average(arrs)
     k = int(torch.argmax(mean))  # first maximum
     return float(mean[k]), ms[k]
 
@@ -110,7 +111,7 @@ def greedy_search(stats: CalibStats, cands: list[Candidate], cfg: SearchConfig, 
 
     def evaluate(prim_rank, sec_rank, n_d, n_t):
         ms = allowed_ms(n_d, n_t, free, grid)
-        return _best(arr_from_rankings(stats, base, prim_rank, sec_rank, free, ms, cfg.budget), ms)
+        return _best(stats, arr_from_rankings(stats, base, prim_rank, sec_rank, free, ms, cfg.budget), ms)
 
     chosen: list[int] = []
     prim, sec = signal_sums(stats, cands, chosen)
@@ -168,7 +169,7 @@ def budget_sweep(stats: CalibStats, cands: list[Candidate], chosen: list[int], b
         free = b - sinks - window
         ms = allowed_ms(n_d, n_t, free, sorted(set(m_grid(free, m_points)) | carried))
         arrs = arr_grid(stats, prim, sec, budget=b, sinks=sinks, window=window, ms=ms)
-        out[b] = _best(arrs, ms)
+        out[b] = _best(stats, arrs, ms)
         carried.add(out[b][1])
     return out
 

@@ -69,3 +69,24 @@ def test_positions_in_last_quarter():
     pos = cal.verification_positions(4096, 4, 8)
     assert pos == [4096 - 128 * j for j in range(8)]
     assert cal.verification_positions(100, 4, 8)[:3] == [100, 95, 90]
+
+
+def test_retrieval_window_places_fact_question_and_answer(corpus):
+    docs = cal.read_documents([str(corpus / "a.txt"), str(corpus / "b.md")])
+    tok = CharTokenizer()
+    ctx, extra = 700, 5
+    w = cal.retrieval_window(tok, docs, ctx, extra, index=3, seed=0)
+    assert w == cal.retrieval_window(tok, docs, ctx, extra, index=3, seed=0)  # deterministic
+    assert w.tokens != cal.retrieval_window(tok, docs, ctx, extra, index=4, seed=0).tokens
+    assert len(w.tokens) == ctx + extra and w.tokens[0] == 1 and w.source.startswith("retrieval:")
+    text = "".join(map(chr, w.tokens[1:]))
+    prompt, answer = text[: ctx - 1], text[ctx - 1:]
+    name, code = prompt.split("The access code for the ")[1].split(" vault is ")
+    code = code.split(".")[0]
+    assert len(code) == 6 and code.isdigit()
+    assert prompt.endswith(f"Answer: the access code for the {name} vault is")  # the pass at L = ctx answers it
+    assert answer == f" {code}."[:extra]
+    a, b = w.fact  # the fact's rows, as the profiler scores the question pass
+    assert "".join(map(chr, w.tokens[a:b])) == f"\nThe access code for the {name} vault is {code}.\n"
+    with pytest.raises(DustinError, match="too short"):
+        cal.retrieval_window(tok, docs, 120, extra, index=0)

@@ -64,6 +64,18 @@ def test_resume_and_determinism(first, models, calib_text, tmp_path):
     assert other_seed.profile.calibration["sha256"] != res.profile.calibration["sha256"]
 
 
+def test_retrieval_windows_are_appended_and_resumed(first, tmp_path):
+    cfg, _ = first
+    rcfg = replace(cfg, out=str(tmp_path / "r.json"), windows=1, retrieval=1)
+    res = run_profile(rcfg, console=quiet())
+    assert res.recorded == 2
+    wins = res.profile.calibration["windows"]
+    assert [w["source"].startswith("retrieval:") for w in wins] == [False, True]
+    assert res.profile.calibration["retrieval_windows"] == 1
+    more = run_profile(replace(rcfg, retrieval=2), console=quiet())
+    assert more.recorded == 1  # the prose window and the first retrieval episode are resumed
+
+
 def test_other_arguments_refused_then_restart(first, tmp_path):
     cfg, _ = first
     out = tmp_path / "r.json"
@@ -91,3 +103,28 @@ def test_show_renders_and_markdown(first):
     for needle in ("| **dustin** |", "| streamingllm |", "| quest |", "| oracle |", "S = 96", "| round |"):
         assert needle in md, needle
     assert len(render(res.profile, res.path.parent)) >= 5
+
+
+def test_retrieval_pass_weights():
+    import torch
+
+    from dustin_profile.run import stack_windows
+
+    def rec(P=3, N=8):
+        return {"lengths": torch.full((P,), N), "attn": torch.rand(P, N), "new_mass": torch.rand(P),
+                "draft": torch.rand(1, P, N), "target": torch.rand(2, P, N), "layer_attn": torch.rand(P, 2, N),
+                "layer_new": torch.rand(P, 2), "quest": torch.rand(P, 2, 1)}
+
+    recs = [rec(), rec(), rec()]
+    plain = stack_windows(recs, (8,))
+    assert plain.weight is None and torch.allclose(plain.average(torch.arange(9.0)), torch.tensor(4.0))
+    st = stack_windows(recs, (8,), retrieval=1, retrieval_weight=0.6)
+    w = st.weight  # the last window's first pass asks the question: 0.6; the 8 others share 0.4
+    assert torch.allclose(w.sum(), torch.tensor(1.0)) and w[6] == pytest.approx(0.6)
+    assert torch.allclose(w[[0, 1, 2, 3, 4, 5, 7, 8]], torch.full((8,), 0.05))
+    x = torch.zeros(9)
+    x[6] = 1.0
+    assert float(st.average(x)) == pytest.approx(0.6)
+    ft = stack_windows(recs, (8,), retrieval=1, retrieval_weight=0.6, facts=[(2, 6)])
+    assert torch.equal(ft.attn[6], torch.tensor([0, 0, 0.25, 0.25, 0.25, 0.25, 0, 0])) and ft.new_mass[6] == 0
+    assert torch.equal(ft.attn[:6], st.attn[:6]) and torch.equal(st.attn[6], recs[2]["attn"][0])  # inputs untouched
