@@ -110,49 +110,51 @@ def _rope_qkv_kernel(
     sob, soh, sot,
     skb, skg, skn,
     svb, svg, svn,
-    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, TRIGGER: tl.constexpr = False,
+    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, HB: tl.constexpr,
+    TRIGGER: tl.constexpr = False,
 ):
     if TRIGGER:  # a PDL-launched attention kernel may start now; it waits for this grid before reading q
         gdc_launch_dependents()
     bt = tl.program_id(0)
-    head = tl.program_id(1)  # [0, H): query heads, [H, H + G): key/value heads
+    head = tl.program_id(1) * HB + tl.arange(0, HB)  # [HB]: [0, H) query heads, [H, H + G) key/value heads
     b = (bt // T).to(tl.int64)
     t = (bt % T).to(tl.int64)
     HALF: tl.constexpr = D // 2
     r = tl.arange(0, HALF)
+    live = (head < H + G)[:, None]  # [HB, 1]
+    is_q = (head < H)[:, None]
+    is_k = live & (head >= H)[:, None]
     pos = tl.load(POS + b * T + t).to(tl.int64)
-    base = QKV + b * sqb + t * sqt + head * D
-    x1 = tl.load(base + r).to(tl.float32)
-    x2 = tl.load(base + HALF + r).to(tl.float32)
+    base = QKV + b * sqb + t * sqt
+    xp = base + head[:, None] * D + r[None, :]  # [HB, HALF]
+    x1 = tl.load(xp, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + HALF, mask=live, other=0.0).to(tl.float32)
     if QK_NORM:
-        var = (tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D
-        inv = tl.rsqrt(var + eps)
-        is_q = head < H
-        w1 = tl.where(is_q, tl.load(QNW + r).to(tl.float32), tl.load(KNW + r).to(tl.float32))
-        w2 = tl.where(is_q, tl.load(QNW + HALF + r).to(tl.float32), tl.load(KNW + HALF + r).to(tl.float32))
+        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]  # [HB, 1]
+        w1 = tl.where(is_q, tl.load(QNW + r).to(tl.float32)[None, :], tl.load(KNW + r).to(tl.float32)[None, :])
+        w2 = tl.where(is_q, tl.load(QNW + HALF + r).to(tl.float32)[None, :],
+                      tl.load(KNW + HALF + r).to(tl.float32)[None, :])
         x1 = (x1 * inv).to(QO.dtype.element_ty).to(tl.float32) * w1
         x2 = (x2 * inv).to(QO.dtype.element_ty).to(tl.float32) * w2
         x1 = x1.to(QO.dtype.element_ty).to(tl.float32)
         x2 = x2.to(QO.dtype.element_ty).to(tl.float32)
-    c1 = tl.load(ROPE + pos * D + r)
-    c2 = tl.load(ROPE + pos * D + HALF + r)
-    s1 = tl.load(ROPE + n_rope * D + pos * D + r)
-    s2 = tl.load(ROPE + n_rope * D + pos * D + HALF + r)
+    c1 = tl.load(ROPE + pos * D + r)[None, :]
+    c2 = tl.load(ROPE + pos * D + HALF + r)[None, :]
+    s1 = tl.load(ROPE + n_rope * D + pos * D + r)[None, :]
+    s2 = tl.load(ROPE + n_rope * D + pos * D + HALF + r)[None, :]
     o1 = x1 * c1 - x2 * s1
     o2 = x2 * c2 + x1 * s2
-    if head < H:
-        dst = QO + b * sob + head * soh + t * sot
-        tl.store(dst + r, o1.to(QO.dtype.element_ty))
-        tl.store(dst + HALF + r, o2.to(QO.dtype.element_ty))
-    else:
-        g = head - H
-        kdst = KC + b * skb + g * skg + pos * skn
-        tl.store(kdst + r, o1.to(KC.dtype.element_ty))
-        tl.store(kdst + HALF + r, o2.to(KC.dtype.element_ty))
-        vsrc = QKV + b * sqb + t * sqt + (H + G + g) * D
-        vdst = VC + b * svb + g * svg + pos * svn
-        tl.store(vdst + r, tl.load(vsrc + r))
-        tl.store(vdst + HALF + r, tl.load(vsrc + HALF + r))
+    dst = QO + b * sob + head[:, None] * soh + t * sot + r[None, :]
+    tl.store(dst, o1.to(QO.dtype.element_ty), mask=is_q)
+    tl.store(dst + HALF, o2.to(QO.dtype.element_ty), mask=is_q)
+    g = tl.maximum(head - H, 0).to(tl.int64)[:, None]  # [HB, 1]: KV head (0 on query rows, masked)
+    kdst = KC + b * skb + g * skg + pos * skn + r[None, :]
+    tl.store(kdst, o1.to(KC.dtype.element_ty), mask=is_k)
+    tl.store(kdst + HALF, o2.to(KC.dtype.element_ty), mask=is_k)
+    vsrc = base + (H + G + g) * D + r[None, :]
+    vdst = VC + b * svb + g * svg + pos * svn + r[None, :]
+    tl.store(vdst, tl.load(vsrc, mask=is_k), mask=is_k)
+    tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=is_k), mask=is_k)
 
 
 def rope_qkv_to_cache(
@@ -174,7 +176,8 @@ def rope_qkv_to_cache(
     q = torch.empty(B, num_heads, T, D, dtype=qkv.dtype, device=qkv.device)
     pos = positions.contiguous()
     qk_norm = q_norm is not None
-    _rope_qkv_kernel[(B * T, num_heads + G)](
+    HB = min(16, next_pow2(num_heads + G))  # heads per program: one rope row load serves them all
+    _rope_qkv_kernel[(B * T, triton.cdiv(num_heads + G, HB))](
         qkv, rope, pos, q, k_cache, v_cache,
         q_norm if qk_norm else qkv, k_norm if qk_norm else qkv, eps,
         T, rope.shape[1],
@@ -182,7 +185,8 @@ def rope_qkv_to_cache(
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        H=num_heads, G=G, D=D, QK_NORM=qk_norm, TRIGGER=pdl_supported(qkv.device),
+        H=num_heads, G=G, D=D, QK_NORM=qk_norm, HB=HB, TRIGGER=pdl_supported(qkv.device),
+        num_warps=4 if HB * D >= 1024 else 2,
     )
     return q
 

@@ -46,7 +46,8 @@ def test_swiglu(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,T,H,G,D,qk_norm", [(2, 1, 8, 2, 64, False), (3, 5, 7, 1, 32, True), (1, 9, 4, 4, 128, False)])
+@pytest.mark.parametrize("B,T,H,G,D,qk_norm", [(2, 1, 8, 2, 64, False), (3, 5, 7, 1, 32, True), (1, 9, 4, 4, 128, False),
+                                              (2, 3, 28, 4, 64, True), (1, 2, 14, 7, 16, False)])
 def test_rope_qkv_to_cache(dtype, B, T, H, G, D, qk_norm):
     g = torch.Generator(device=DEV).manual_seed(B * T * H)
     N = 40
