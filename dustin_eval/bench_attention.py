@@ -17,11 +17,8 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import platform
-import re
 import statistics
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dustin_eval.results import git_commit
 from dustin_runtime.errors import DustinError
 
 SCHEMA_VERSION = 1
@@ -149,19 +147,6 @@ def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> dict:
 
 
 # ---------------------------------------------------------------- environment
-
-
-def git_commit() -> str:
-    """The checkout's commit: `git rev-parse` only if it prints a 7-40 digit hex id (optionally
-    '+dirty'); else $DUSTIN_GIT_COMMIT (set by device commands, whose copy has no .git); else 'unknown'."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    if re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", out):
-        return out
-    return os.environ.get("DUSTIN_GIT_COMMIT") or "unknown"
 
 
 def environment(command: str) -> dict:

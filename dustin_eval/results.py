@@ -23,7 +23,10 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 def git_commit(repo_dir: str | Path | None = None) -> str:
-    """`git rev-parse HEAD` (+ "-dirty" with uncommitted changes); else $DUSTIN_GIT_COMMIT or "unknown"."""
+    """$DUSTIN_GIT_COMMIT when set (device commands: their copy's .git can lag the working tree);
+    else `git rev-parse HEAD` (+ "-dirty" with uncommitted changes); else "unknown"."""
+    if os.environ.get("DUSTIN_GIT_COMMIT"):
+        return os.environ["DUSTIN_GIT_COMMIT"]
     cwd = Path(repo_dir) if repo_dir is not None else _REPO
     try:
         head = subprocess.run(

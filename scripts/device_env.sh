@@ -1,5 +1,6 @@
 # Source this at the start of a device (GPU machine) command: makes the dustin packages importable
-# without network access. Usage: `source scripts/device_env.sh`
+# without network access. Usage: `DUSTIN_GIT_COMMIT=<sha of the tree sent> source scripts/device_env.sh`
+# (the device copy's .git can lag the working tree; result files record $DUSTIN_GIT_COMMIT).
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/dustin_path
 ln -sfn "$PWD/kernels" /tmp/dustin_path/dustin_kernels

@@ -36,6 +36,7 @@ def test_git_commit_in_repo_and_fallback(tmp_path, monkeypatch):
         assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
     monkeypatch.setenv("DUSTIN_GIT_COMMIT", "abc123")
     assert git_commit(tmp_path) == "abc123"  # not a git work tree
+    assert git_commit(results._REPO) == "abc123"  # set by device commands: it wins over a lagging .git
     monkeypatch.delenv("DUSTIN_GIT_COMMIT")
     assert git_commit(tmp_path) == "unknown"
     monkeypatch.setenv("PATH", "")  # no git at all
