@@ -102,9 +102,12 @@ def bench_decode(
     context: int = typer.Option(32768, help="Tokens already in the cache."),
     gamma: int = typer.Option(4, help="Draft tokens per verification step."),
     hf_baseline: bool = typer.Option(False, help="Also time Hugging Face transformers in the same process."),
+    budget: int = typer.Option(512, help="S of the dustin sparse verification step."),
+    srh: int = typer.Option(4, help="Retrieval KV heads of the dustin step (over 2 layers)."),
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for decode-<config>-<context>-<batch>.json."),
 ) -> None:
-    """One step of each decoding phase on the GPU, next to its byte (or FLOP) floor."""
+    """One step of each decoding phase on the GPU (decode, full and dustin verification, draft,
+    prefill chunk), next to its byte (or FLOP) floor."""
     from rich.table import Table
 
     from dustin_eval import bench_decode as bd
@@ -112,7 +115,7 @@ def bench_decode(
     if not random_weights:
         raise DustinError("bench decode times random weights at real shapes; pass --random-weights")
     cfg = bd.DecodeBenchConfig(config=config, draft=draft, batch=batch, context=context, gamma=gamma,
-                               hf_baseline=hf_baseline)
+                               hf_baseline=hf_baseline, budget=budget, srh=srh)
     res = bd.run_decode_bench(cfg, "dustin " + " ".join(sys.argv[1:]))
     path = bd.write_result(res, out_dir, cfg)
     env = res["environment"]
@@ -124,6 +127,9 @@ def bench_decode(
         t.add_row(r["phase"], f"{r['median_ms']:.3f}", f"{r.get('eager_ms', float('nan')):.3f}",
                   f"{r['floor_ms']:.3f}", f"{r['fraction_of_floor']:.0%}")
     console.print(t)
+    sv = next((r for r in res["records"] if "speedup_vs_full_verify" in r), None)
+    if sv is not None:
+        console.print(f"dustin verify step vs full verify step: {sv['speedup_vs_full_verify']:.2f}x")
     console.print(f"wrote {path}")
 
 

@@ -2,7 +2,9 @@
 shape with random weights (timings do not depend on values), next to its byte or FLOP floor.
 
 Phases: target decode step (1 token per sequence), target verification step (gamma + 1 tokens),
-draft step (1 token), prefill chunk (one sequence, `chunk` tokens at the end of the context).
+the same verification step with dustin's sparse verification (selection from the target history
+of `srh` retrieval KV heads, their scoring inside the pass, S-row attention), draft step (1 token),
+prefill chunk (one sequence, `chunk` tokens at the end of the context).
 Decode-type steps run as CUDA graphs (as the runtime would replay them), timed over many replays
 after warm-up; the floor is (weights + KV bytes read) / copy bandwidth measured in the same run.
 Optionally Hugging Face transformers (StaticCache, SDPA) is timed on the same shapes in the same
@@ -38,6 +40,48 @@ class DecodeBenchConfig:
     prefill_chunk: int = 2048
     replays: int = 30
     hf_baseline: bool = False
+    budget: int = 512  # the sparse verification step's S
+    srh: int = 4  # retrieval KV heads of that step, spread over 2 layers
+
+
+def srh_heads(model_cfg, n: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """n retrieval KV heads (layer, kv_head, query heads) over 2 layers, at 1/3 and 2/3 depth."""
+    layers = (model_cfg.num_layers // 3, (2 * model_cfg.num_layers) // 3)
+    out = []
+    for j in range(n):
+        layer, g = layers[j % 2], (j // 2 * model_cfg.num_kv_heads) // max(1, (n + 1) // 2)
+        out.append((layer, g, tuple(range(g * model_cfg.n_rep, (g + 1) * model_cfg.n_rep))))
+    return tuple(out)
+
+
+def sparse_verify_step(model: Transformer, draft: Transformer, cache, tokens: torch.Tensor, *, budget: int, srh: int,
+                       gamma: int, sinks: int = 4, window: int = 64,
+                       backend=None) -> tuple[Callable[[], torch.Tensor], int]:
+    """One dustin verification step as a function (select the set from the target history, then
+    the target pass over the M = gamma + 1 tokens in `tokens` [B, M] with sparse attention and the
+    retrieval heads' scoring), and the bytes it must read at least: weights, the selected K/V rows
+    and the retrieval heads' keys."""
+    from dustin_runtime.attention import TorchAttention
+    from dustin_runtime.policies import make_policy
+    from dustin_runtime.sparse import SparseConfig
+
+    scfg = SparseConfig(budget=budget, sinks=sinks, window=window, target_heads=srh_heads(model.cfg, srh),
+                        source="bench")
+    policy = make_policy("dustin", scfg, target=model, draft=draft)
+    dcache = draft.allocate_cache(cache.batch, 8)  # unused by a target-signal-only set
+    policy.setup(cache, dcache, gamma)
+    default = backend or (TritonAttention() if model.device.type == "cuda" else TorchAttention())
+    be = policy.target_backend(default)
+
+    def step():
+        policy.before_verify()
+        return model(tokens, cache, be, phase="verify")
+
+    B, c = cache.batch, model.cfg
+    rows = min(budget, int(cache.lengths.max())) + gamma + 1
+    kv_row = c.kv_bytes_per_token(2) // c.num_layers  # one row of K and V, one layer, bf16
+    floor = _weights_bytes(model) + B * rows * c.num_layers * kv_row + B * srh * int(cache.lengths.max()) * c.head_dim * 2
+    return step, floor
 
 
 def _events_ms(fn: Callable[[], object], reps: int) -> dict:
@@ -127,6 +171,17 @@ def _time_model_steps(cfg: DecodeBenchConfig, name: str, model_cfg, copy_tbps: f
     return recs
 
 
+def _time_sparse_verify(cfg: DecodeBenchConfig, model_cfg, draft_cfg, copy_tbps: float) -> list[dict]:
+    model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
+    draft = random_model(draft_cfg, dtype=torch.bfloat16, device="cuda")
+    cache = _fill_cache(model, cfg.batch, cfg.context, cfg.gamma + 2)
+    tokv = torch.randint(0, model_cfg.vocab_size, (cfg.batch, cfg.gamma + 1), device="cuda")
+    step, floor = sparse_verify_step(model, draft, cache, tokv, budget=cfg.budget, srh=cfg.srh, gamma=cfg.gamma)
+    t = _graph_step(step, cfg.replays)
+    name = f"target dustin verify step ({cfg.gamma + 1} tokens, S = {cfg.budget}, {cfg.srh} SRH KV heads)"
+    return [_record(name, t, floor, copy_tbps)]
+
+
 def _time_prefill(cfg: DecodeBenchConfig, model_cfg, tflops: float) -> dict:
     model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
     cache = _fill_cache(model, 1, cfg.context - cfg.prefill_chunk, cfg.prefill_chunk + 2)
@@ -196,6 +251,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, command: str) -> dict:
     tflops = matmul_tflops()
     phases = [
         lambda: _time_model_steps(cfg, "target", tcfg, copy["tbps"], verify=True),
+        lambda: _time_sparse_verify(cfg, tcfg, dcfg, copy["tbps"]),
         lambda: _time_model_steps(cfg, "draft", dcfg, copy["tbps"], verify=False),
         lambda: [_time_prefill(cfg, tcfg, tflops)],
     ]
@@ -206,6 +262,7 @@ def run_decode_bench(cfg: DecodeBenchConfig, command: str) -> dict:
         records += phase()
         gc.collect()
         torch.cuda.empty_cache()
+    records[2]["speedup_vs_full_verify"] = records[1]["median_ms"] / records[2]["median_ms"]
     if cfg.hf_baseline:
         ours = records[0]["median_ms"]
         records[-1]["ours_speedup"] = records[-1]["median_ms"] / ours
