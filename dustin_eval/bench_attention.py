@@ -295,14 +295,18 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     # the estimator
     hs = cfg.srh_kv_heads_per_layer
     kv_heads = torch.tensor([(j * G) // hs for j in range(hs)], dtype=torch.int32, device=dev)
-    q_srh = [torch.randn(B, hs, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    # every query head of a retrieval KV head scores (as in the runtime): H / G heads x M queries
+    # stacked per KV head, so the kernel reads each KV head's keys once for all of them
+    q_srh = [torch.randn(B, hs, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
     score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
     srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4  # keys once (the kernel reads them twice) + out
     n_srh = _n_calls(srh_bytes, l2, lo=12, hi=64)
     records.append(_record(
         "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens, out=score_out[i % 4])
                        for i in range(n_srh)],
-        srh_bytes, copy_tbps, heads=hs, note="two passes over the keys; bytes = keys once + output"))
+        srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M,
+        note="all query heads of each KV head, stacked; bytes = keys once + output (pass 2 re-reads the keys "
+             "or stored logits, whichever is fewer bytes)"))
     prim = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sec = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sel_out = [torch.empty(B, S, dtype=torch.int32, device=dev) for _ in range(8)]

@@ -24,22 +24,40 @@ from dustin_runtime.sparse import Head
 
 @dataclass(frozen=True)
 class LayerHeads:
-    """The retrieval heads of one layer: query heads and the KV head each one uses."""
+    """The retrieval heads of one layer: query heads (grouped by KV head) and the KV head each
+    uses; where every KV head has the same number r of them, `groups` [Gs] holds the KV heads once
+    so the query heads of a group are scored as one head with r x M queries (keys read once)."""
 
-    query: torch.Tensor  # [Hs] int64 query-head indices
+    query: torch.Tensor  # [Hs] int64 query-head indices, those of one KV head adjacent
     kv: torch.Tensor  # [Hs] int32 KV head of each
+    groups: torch.Tensor | None = None  # [Gs] int32 distinct KV heads, when the groups are equal
 
 
 def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int, LayerHeads]:
-    """Group head choices by layer (layers ascending)."""
-    by_layer: dict[int, list[tuple[int, int]]] = {}
+    """Group head choices by layer (layers ascending), query heads ordered by KV head."""
+    by_layer: dict[int, dict[int, list[int]]] = {}
     for layer, kv, qh in heads:
-        by_layer.setdefault(layer, []).extend((h, kv) for h in qh)
-    return {
-        layer: LayerHeads(torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
-                          torch.tensor([g for _, g in pairs], dtype=torch.int32, device=device))
-        for layer, pairs in sorted(by_layer.items())
-    }
+        by_layer.setdefault(layer, {}).setdefault(kv, []).extend(qh)
+    out = {}
+    for layer, groups in sorted(by_layer.items()):
+        pairs = [(h, g) for g in groups for h in groups[g]]
+        equal = len({len(v) for v in groups.values()}) == 1
+        out[layer] = LayerHeads(
+            torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
+            torch.tensor([g for _, g in pairs], dtype=torch.int32, device=device),
+            torch.tensor(list(groups), dtype=torch.int32, device=device) if equal else None)
+    return out
+
+
+def score_heads(ops: SparseOps, q: torch.Tensor, lh: LayerHeads, k_cache: torch.Tensor, lens: torch.Tensor,
+                out: torch.Tensor, reduce: str, accumulate: bool) -> None:
+    """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order."""
+    if lh.groups is not None:
+        B, Hs, M, D = q.shape
+        q = q.reshape(B, lh.groups.numel(), Hs // lh.groups.numel() * M, D)  # [B, Gs, r * M, D]
+        ops.srh_scores(q, lh.groups, k_cache, lens, out, reduce=reduce, accumulate=accumulate)
+    else:
+        ops.srh_scores(q, lh.kv, k_cache, lens, out, reduce=reduce, accumulate=accumulate)
 
 
 def normalise_(scores: torch.Tensor) -> torch.Tensor:
@@ -70,8 +88,7 @@ class DraftLookahead:
         """out [B, N_max] = the lookahead signal over [0, lens) from the stashed queries."""
         first = True
         for layer, lh in self.layers.items():
-            self.ops.srh_scores(self.q[layer], lh.kv, k_caches[layer], lens, out, reduce=self.reduce,
-                                accumulate=not first)
+            score_heads(self.ops, self.q[layer], lh, k_caches[layer], lens, out, self.reduce, not first)
             first = False
         if first:
             out.zero_()
@@ -93,5 +110,4 @@ class TargetHistory:
         lh = self.layers.get(layer)
         if lh is None:
             return
-        self.ops.srh_scores(q.index_select(1, lh.query), lh.kv, k_cache, lens, out, reduce=self.reduce,
-                            accumulate=layer != self.first)
+        score_heads(self.ops, q.index_select(1, lh.query), lh, k_cache, lens, out, self.reduce, layer != self.first)

@@ -202,6 +202,7 @@ def srh_scores(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    store_logits: bool | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
 
@@ -212,6 +213,10 @@ def srh_scores(
     accumulate=True adds into (sum) or maxes into (max) the given `out` instead, leaving entries
     n >= cache_lens[b] as they were. Reads only the keys of the KV heads used: once, or twice where
     the stored logits would exceed `LOGITS_MAX_BYTES`.
+    Query heads that share a KV head are best passed as one head with their queries stacked
+    (M = heads x queries: the same softmax rows, the keys read once for all of them).
+    store_logits: None picks the cheaper pass 2 (stored fp32 logits cost 8 M bytes per key and
+    head, re-reading the key D x element bytes); True / False force it (tests, probes).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -246,7 +251,9 @@ def srh_scores(
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
     logits_bytes = B * HS * M * N * 4
-    store_logits = logits_bytes <= LOGITS_MAX_BYTES
+    if store_logits is None:
+        store_logits = 8 * M <= D * k_cache.element_size()
+    store_logits = bool(store_logits) and logits_bytes <= LOGITS_MAX_BYTES
     lg = torch.empty(B * HS * M * N if store_logits else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](
         q, kv_heads, k_cache, cache_lens, lse, wml, locks, lg, qk_scale, chunk, splits, N,

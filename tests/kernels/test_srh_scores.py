@@ -39,12 +39,13 @@ def _inputs(B, Hs, M, D, G, N, kv_heads, dtype, device, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("reduce", ["sum", "max"])
-def test_matches_reference(dtype, case, reduce):
+@pytest.mark.parametrize("store_logits", [None, True, False])
+def test_matches_reference(dtype, case, reduce, store_logits):
     B, Hs, M, D, G, N, kvh, splits = case
     dev = _device()
     q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, dtype, dev, seed=CASES.index(case))
     out = poisoned((B, N), torch.float32, dev)
-    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16)
+    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16, store_logits=store_logits)
     ref = srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)
     assert rel_err(out, ref) <= TOL[dtype]
     for b in range(B):
