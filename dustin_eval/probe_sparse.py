@@ -5,6 +5,7 @@ neighbour (`rope_qkv_to_cache`, which writes q and the new tokens). Every varian
 against the fp32 reference.
 
     python -m dustin_eval.probe_sparse OUT.json [--small] [--only=1,5,7] [--no-sweep]
+    python -m dustin_eval.probe_sparse OUT.json --srh [--small]   # srh_scores configurations
 """
 
 from __future__ import annotations
@@ -135,11 +136,58 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
             "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
 
 
+def probe_srh(small: bool = False) -> dict:
+    """srh_scores configurations at the runtime's query count (every query head of a retrieval KV
+    head stacked: 72B: 8 heads x 5 queries = 40 rows), 2 KV heads of one layer, 32k, batch 16;
+    each checked against the fp32 reference."""
+    from dustin_kernels import srh_scores, srh_scores_ref
+    from dustin_kernels.checks import rel_err
+
+    if small:
+        B, G, D, N, R, dev, dt, n_buf = 2, 4, 16, 200, 12, torch.device("cpu"), torch.float32, 2
+        copy_tbps, l2 = 1.0, 1 << 20
+        grid = [(16, 4, 2, None), (32, 4, 2, True)]
+    else:
+        B, G, D, N, R, dev, dt, n_buf = 16, 8, 128, 32768, 40, torch.device("cuda"), torch.bfloat16, 4
+        copy_tbps = copy_bandwidth_tbps()["tbps"]
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        grid = [(bn, w, st, lg) for lg in (True, False) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+    torch.manual_seed(0)
+    ks = [torch.randn(B, G, N, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    qs = [torch.randn(B, 2, R, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    kvh = torch.tensor([0, G // 2], dtype=torch.int32, device=dev)
+    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    outs = [torch.empty(B, N, dtype=torch.float32, device=dev) for _ in range(4)]
+    ref = srh_scores_ref(qs[0], kvh, ks[0], lens)
+    nbytes = B * 2 * N * D * dt.itemsize + B * N * 4
+    recs = []
+    for bn, w, st, lg in grid:
+        kw = dict(block_n=bn, num_warps=w, num_stages=st, store_logits=lg)
+        try:
+            err = rel_err(srh_scores(qs[0], kvh, ks[0], lens, **kw), ref)
+            calls = [lambda i=i, kw=kw: srh_scores(qs[i % n_buf], kvh, ks[i % n_buf], lens, out=outs[i % 4], **kw)
+                     for i in range(2 if small else _n_calls(nbytes, l2, lo=12, hi=48))]
+            if small:
+                calls[0]()
+                rec = {"kernel": "srh_scores", "median_ms": 1.0}
+            else:
+                rec = _record("srh_scores", calls, nbytes, copy_tbps)
+            rec.update(variant=f"block {bn}, {w} warps, {st} stages, logits {lg}", rel_err=err, **kw)
+        except Exception as e:  # resources: record why
+            rec = {"kernel": "srh_scores", "variant": f"{kw}", "error": f"{type(e).__name__}: {str(e)[:160]}"}
+        recs.append(rec)
+    return {"copy_tbps": copy_tbps, "gpu": "cpu (interpreter)" if small else torch.cuda.get_device_name(0),
+            "shape": {"B": B, "G": G, "D": D, "N": N, "rows": R}, "records": recs}
+
+
 def main(argv: list[str]) -> None:
     small = "--small" in argv
     only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
     path = [a for a in argv if not a.startswith("--")][0]
-    res = probe_round3(small, [int(x) for x in only.split(",")] if only else None, "--no-sweep" not in argv)
+    if "--srh" in argv:
+        res = probe_srh(small)
+    else:
+        res = probe_round3(small, [int(x) for x in only.split(",")] if only else None, "--no-sweep" not in argv)
     res["environment"] = environment("python -m dustin_eval.probe_sparse " + " ".join(argv)) if not small else {}
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
