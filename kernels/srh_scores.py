@@ -235,8 +235,8 @@ def srh_scores(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     BLOCK_M = max(16, next_pow2(M))
     BLOCK_D = max(16, next_pow2(D))
-    if block_n is None:
-        block_n = 64
+    if block_n is None:  # measured on the H200 (results/bench/probe-srh-*.json): 128 for stacked query heads
+        block_n = 128 if BLOCK_M >= 32 else 64
     if num_warps is None:
         num_warps = 4
     if num_stages is None:
