@@ -102,6 +102,8 @@ repro-retrieval: .stamp-install
 		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19
 	$(PY) -m dustin.cli eval pg19 --context 7936 --eval-tokens 256 --windows 2 --policy full,dustin \
 		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19
+	$(PY) -m dustin.cli eval longbench --data ../shared/longbench --datasets multi_news --limit 3 \
+		--policy dustin --budget 512 --profile $(RPROFILE) --out-dir results/retrieval/longbench
 
 repro-longbench: .stamp-install
 	$(PY) -m dustin.cli eval longbench --data ../shared/longbench --datasets multi_news --limit 3 \
