@@ -136,7 +136,7 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
             "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
 
 
-def probe_srh(small: bool = False) -> dict:
+def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
     """srh_scores configurations at the runtime's query count (every query head of a retrieval KV
     head stacked: 72B: 8 heads x 5 queries = 40 rows), 2 KV heads of one layer, 32k, batch 16;
     each checked against the fp32 reference."""
@@ -152,6 +152,9 @@ def probe_srh(small: bool = False) -> dict:
         copy_tbps = copy_bandwidth_tbps()["tbps"]
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         grid = [(bn, w, st, lg) for lg in (True, False) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        if splits_sweep:
+            grid = [(128, 4, 3, False, sp) for sp in (None, 34, 68, 132, 264)] + \
+                   [(256, 8, 2, False, None), (256, 8, 3, False, None), (128, 4, 3, False, 8)]
     torch.manual_seed(0)
     ks = [torch.randn(B, G, N, D, dtype=dt, device=dev) for _ in range(n_buf)]
     qs = [torch.randn(B, 2, R, D, dtype=dt, device=dev) for _ in range(n_buf)]
@@ -161,8 +164,8 @@ def probe_srh(small: bool = False) -> dict:
     ref = srh_scores_ref(qs[0], kvh, ks[0], lens)
     nbytes = B * 2 * N * D * dt.itemsize + B * N * 4
     recs = []
-    for bn, w, st, lg in grid:
-        kw = dict(block_n=bn, num_warps=w, num_stages=st, store_logits=lg)
+    for bn, w, st, lg, *sp in grid:
+        kw = dict(block_n=bn, num_warps=w, num_stages=st, store_logits=lg, num_splits=sp[0] if sp else None)
         try:
             err = rel_err(srh_scores(qs[0], kvh, ks[0], lens, **kw), ref)
             calls = [lambda i=i, kw=kw: srh_scores(qs[i % n_buf], kvh, ks[i % n_buf], lens, out=outs[i % 4], **kw)
@@ -172,7 +175,8 @@ def probe_srh(small: bool = False) -> dict:
                 rec = {"kernel": "srh_scores", "median_ms": 1.0}
             else:
                 rec = _record("srh_scores", calls, nbytes, copy_tbps)
-            rec.update(variant=f"block {bn}, {w} warps, {st} stages, logits {lg}", rel_err=err, **kw)
+            rec.update(variant=f"block {bn}, {w} warps, {st} stages, logits {lg}, splits {kw['num_splits']}",
+                       rel_err=err, **kw)
         except Exception as e:  # resources: record why
             rec = {"kernel": "srh_scores", "variant": f"{kw}", "error": f"{type(e).__name__}: {str(e)[:160]}"}
         recs.append(rec)
@@ -185,7 +189,7 @@ def main(argv: list[str]) -> None:
     only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
     path = [a for a in argv if not a.startswith("--")][0]
     if "--srh" in argv:
-        res = probe_srh(small)
+        res = probe_srh(small, "--splits" in argv)
     else:
         res = probe_round3(small, [int(x) for x in only.split(",")] if only else None, "--no-sweep" not in argv)
     res["environment"] = environment("python -m dustin_eval.probe_sparse " + " ".join(argv)) if not small else {}
