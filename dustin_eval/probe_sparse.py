@@ -153,8 +153,10 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         grid = [(bn, w, st, lg) for lg in (True, False) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
         if splits_sweep:
-            grid = [(128, 4, 3, False, sp) for sp in (None, 34, 68, 132, 264)] + \
-                   [(256, 8, 2, False, None), (256, 8, 3, False, None), (128, 4, 3, False, 8)]
+            grid = [(128, 4, 3, False, None, None)] + [
+                (128, 4, 3, False, None, p2) for p2 in ((64, 4, 3, 33), (64, 4, 2, 33), (128, 8, 3, 33), (128, 4, 2, 33),
+                                                        (128, 4, 3, 66), (128, 4, 3, 17), (32, 4, 4, 33), (64, 8, 3, 66))] + [
+                (bn, w, st, False, None, (128, 4, 3, 33)) for bn, w, st in ((64, 4, 3), (128, 8, 2), (128, 4, 4))]
     torch.manual_seed(0)
     ks = [torch.randn(B, G, N, D, dtype=dt, device=dev) for _ in range(n_buf)]
     qs = [torch.randn(B, 2, R, D, dtype=dt, device=dev) for _ in range(n_buf)]
@@ -165,7 +167,8 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
     nbytes = B * 2 * N * D * dt.itemsize + B * N * 4
     recs = []
     for bn, w, st, lg, *sp in grid:
-        kw = dict(block_n=bn, num_warps=w, num_stages=st, store_logits=lg, num_splits=sp[0] if sp else None)
+        kw = dict(block_n=bn, num_warps=w, num_stages=st, store_logits=lg, num_splits=sp[0] if sp else None,
+                  pass2=sp[1] if len(sp) > 1 else None)
         try:
             err = rel_err(srh_scores(qs[0], kvh, ks[0], lens, **kw), ref)
             calls = [lambda i=i, kw=kw: srh_scores(qs[i % n_buf], kvh, ks[i % n_buf], lens, out=outs[i % 4], **kw)
@@ -175,7 +178,8 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
                 rec = {"kernel": "srh_scores", "median_ms": 1.0}
             else:
                 rec = _record("srh_scores", calls, nbytes, copy_tbps)
-            rec.update(variant=f"block {bn}, {w} warps, {st} stages, logits {lg}, splits {kw['num_splits']}",
+            rec.update(variant=f"block {bn}, {w} warps, {st} stages, logits {lg}, splits {kw['num_splits']}, "
+                               f"pass 2 {kw['pass2']}",
                        rel_err=err, **kw)
         except Exception as e:  # resources: record why
             rec = {"kernel": "srh_scores", "variant": f"{kw}", "error": f"{type(e).__name__}: {str(e)[:160]}"}

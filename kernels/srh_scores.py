@@ -203,6 +203,7 @@ def srh_scores(
     num_warps: int | None = None,
     num_stages: int | None = None,
     store_logits: bool | None = None,
+    pass2: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
 
@@ -217,6 +218,8 @@ def srh_scores(
     (M = heads x queries: the same softmax rows, the keys read once for all of them).
     store_logits: None picks the cheaper pass 2 (stored fp32 logits cost 8 M bytes per key and
     head, re-reading the key D x element bytes); True / False force it (tests, probes).
+    pass2 (block_n, num_warps, num_stages, programs per sequence) tunes the second key pass
+    separately (default: pass 1's settings, 4 x SMs / B programs).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -269,12 +272,13 @@ def srh_scores(
             REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=4,
         )
         return out
-    chunk2 = cdiv(cdiv(N, max(1, min(cdiv(4 * num_sms(q.device), B), cdiv(N, block_n)))), block_n) * block_n
+    bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, cdiv(4 * num_sms(q.device), B))
+    chunk2 = cdiv(cdiv(N, max(1, min(p2, cdiv(N, bn2)))), bn2) * bn2
     _srh_score_kernel[(cdiv(N, chunk2), B)](
         q, kv_heads, k_cache, cache_lens, lse, out, qk_scale, chunk2, N, B,
         *q.stride(), *k_cache.stride(), *out.stride(),
-        HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
+        HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=bn2, BLOCK_D=BLOCK_D,
         REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, PREC=prec,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=w2, num_stages=st2,
     )
     return out
