@@ -171,6 +171,22 @@ def environment(command: str) -> dict:
 # ---------------------------------------------------------------- the benchmark
 
 
+def verify_buffers(B: int, H: int, G: int, D: int, N: int, M: int, n_buf: int, dt, dev) -> tuple:
+    """n_buf distinct (K cache, V cache, q, out) sets of one layer ([B, G, N + M, D] caches of
+    N(0, 1), [B, H, M, D] q and out) and lens [B] = N: distinct buffers so timed calls miss L2."""
+    ks = [torch.empty(B, G, N + M, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    vs = [torch.empty(B, G, N + M, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
+    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    return ks, vs, qs, outs, torch.full((B,), N, dtype=torch.int32, device=dev)
+
+
+def random_index_sets(B: int, N: int, S: int, n: int, dev) -> list[torch.Tensor]:
+    """n sorted random [B, S] int32 sets of distinct rows < N (as select_indices returns them)."""
+    return [torch.sort(torch.rand(B, N, device=dev).topk(S, dim=1).indices, dim=1).values.to(torch.int32)
+            for _ in range(n)]
+
+
 def _n_calls(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
     """Enough calls per graph that the data they touch is 4x the L2."""
     return max(lo, min(hi, math.ceil(4 * l2 / max(1, bytes_per_call))))
@@ -270,8 +286,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     sel_bytes = 2 * B * G * (min(S, N) + M) * D * dt.itemsize
     sparse_bytes = sel_bytes + 2 * q_bytes + B * S * 4
     n_sparse = _n_calls(sel_bytes, l2)
-    idx = [torch.sort(torch.rand(B, N, device=dev).topk(min(S, N), dim=1).indices, dim=1).values.to(torch.int32)
-           for _ in range(n_sparse)]
+    idx = random_index_sets(B, N, min(S, N), n_sparse, dev)
     idx_g = [torch.sort(torch.rand(B, G, N, device=dev).topk(min(S, N), dim=2).indices, dim=2).values.to(torch.int32)
              for _ in range(min(n_sparse, 64))]
 
@@ -450,8 +465,7 @@ def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 
     def sets(S, contiguous=False, n=64):
         if contiguous:
             return [torch.arange(S, dtype=torch.int32, device=dev).repeat(B, 1) + 0 for _ in range(n)]
-        return [torch.sort(torch.rand(B, N, device=dev).topk(S, dim=1).indices, dim=1).values.to(torch.int32)
-                for _ in range(n)]
+        return random_index_sets(B, N, S, n, dev)
 
     def sparse_rec(name, S, idx, **kw):
         sel = 2 * B * G * (S + M) * D * 2
@@ -536,17 +550,12 @@ def probe_round2(small: bool = False) -> dict:
     n_max = N + M
     torch.manual_seed(0)
     recs: list[dict] = []
-    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, n_buf, dt, dev)
     q_bytes = B * H * M * D * dt.itemsize
 
     # ---- sparse: variants back to back in a graph, and after a small kernel that writes q
     def idx_sets(S_, n):
-        return [torch.sort(torch.rand(B, N, device=dev).topk(S_, dim=1).indices, dim=1).values.to(torch.int32)
-                for _ in range(n)]
+        return random_index_sets(B, N, S_, n, dev)
 
     sparse_variants = [
         ("v2 (round-1 default)", dict(prefetch=0, pdl=False)),

@@ -15,7 +15,15 @@ import sys
 
 import torch
 
-from dustin_eval.bench_attention import SHAPES, _n_calls, _record, copy_bandwidth_tbps, environment
+from dustin_eval.bench_attention import (
+    SHAPES,
+    _n_calls,
+    _record,
+    copy_bandwidth_tbps,
+    environment,
+    random_index_sets,
+    verify_buffers,
+)
 
 VARIANTS = [  # shared memory per program on sm_90 (triton 3.6) in brackets: <= 113 KB lets 2 share an SM
     ("default (pdl, 128 rows, 3 stages) [217 KB]", {}),
@@ -69,11 +77,7 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
     M = 5
     n_max = N + M
     torch.manual_seed(0)
-    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, n_buf, dt, dev)
     q_bytes = B * H * M * D * dt.itemsize
     # the decode-step neighbour: rope + cache write of the M new tokens from a fused qkv projection
     qkv = [torch.randn(B, M, (H + 2 * G) * D, dtype=dt, device=dev) for _ in range(2)]
@@ -81,8 +85,7 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
     pos = (lens[:, None] + torch.arange(M, device=dev)[None, :]).to(torch.int64)
 
     def idx_sets(S_, n):
-        return [torch.sort(torch.rand(B, N, device=dev).topk(S_, dim=1).indices, dim=1).values.to(torch.int32)
-                for _ in range(n)]
+        return random_index_sets(B, N, S_, n, dev)
 
     def measure(S_, name, kw, idx, n_calls, neighbour=False):
         try:

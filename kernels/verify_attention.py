@@ -236,6 +236,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
             combine_stages=1, early=0, prefetch_rows=None):
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
+    early = int(early or 0) if sparse else 0
+    require(early == 0 or early == next_pow2(early) and early >= 16, f"early must be 0 or a power of two >= 16, got {early}")
     out = check_out(out, (B, H, M, D), q.dtype, q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     hsplit = max(1, min(int(head_split or 1), HG * M))
@@ -255,8 +257,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         block_n = 32 if not sparse else min(128, max(32, next_pow2(cdiv(max(span, 1), num_splits))))
     if num_stages is None:
         num_stages = 3 if block_n >= 128 else 4
-        early_rows = int(early or 0) if sparse else 0  # its K/V tiles also pass through shared memory
-        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q + 2 * early_rows) * BLOCK_D * q.element_size() + 9 * 1024  # noqa: E731
+        # the early K/V tiles also pass through shared memory
+        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q + 2 * early) * BLOCK_D * q.element_size() + 9 * 1024  # noqa: E731
         while smem(block_n, num_stages) > 226 * 1024 and (num_stages > 2 or block_n > 16):
             if num_stages > 2:  # stay inside the 227 KB of shared memory a block may use
                 num_stages -= 1
@@ -299,8 +301,6 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         isb, isg, iss = idx.stride(0), 0, idx.stride(1)
     else:
         isb, isg, iss = idx.stride()
-    early = int(early or 0) if sparse else 0
-    require(early == 0 or early == next_pow2(early) and early >= 16, f"early must be 0 or a power of two >= 16, got {early}")
     extra = {"launch_pdl": True} if gdc else {}
     _verify_attn_kernel[(splits, G * hsplit, B)](
         q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
