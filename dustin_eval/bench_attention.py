@@ -320,8 +320,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens, out=score_out[i % 4])
                        for i in range(n_srh)],
         srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M,
-        note="all query heads of each KV head, stacked; bytes = keys once + output (pass 2 re-reads the keys "
-             "or stored logits, whichever is fewer bytes)"))
+        note="all query heads of each KV head, stacked; bytes = keys once + output (pass 2 reads the stored "
+             "fp16 probabilities, or re-reads the keys where those are fewer bytes)"))
     prim = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sec = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sel_out = [torch.empty(B, S, dtype=torch.int32, device=dev) for _ in range(8)]
@@ -509,12 +509,11 @@ def probe_round2(small: bool = False) -> dict:
     """Kernel variants of round 2 (kernels/NOTES.md), timed like the benchmark, each checked against
     its reference: sparse (L2 prefetch of the selected rows, programmatic dependent launch, head
     split, blocks), select (ticket vs barrier launcher, warps, programs per row, ties), srh_scores
-    (stored logits vs two passes), full (pipelined combine; splits at batch 1).
+    (stored probabilities, either MMA orientation, vs two passes over the keys), full (pipelined
+    combine; splits at batch 1).
 
     small=True: tiny shapes, each call run once without timing (a CPU/interpreter smoke test).
     """
-    import importlib
-
     from dustin_kernels import (
         full_verify_attention_ref,
         select_indices,
@@ -528,7 +527,6 @@ def probe_round2(small: bool = False) -> dict:
     from dustin_kernels.select import _select_barrier, _select_ticket, _ticket_plan
     from dustin_kernels.verify_attention import _launch
 
-    srh_mod = importlib.import_module("dustin_kernels.srh_scores")
     if small:
         B, H, G, D, N, S, n_buf, dev, dt = 2, 8, 2, 16, 300, 48, 2, torch.device("cpu"), torch.float32
         sinks, window, m = 4, 8, 16
@@ -684,26 +682,24 @@ def probe_round2(small: bool = False) -> dict:
                         Bs * n_max * 4, variant="one top-k", batch=Bs))
         assert torch.equal(select_indices(prim[0], sec[0], lens_s, **sel_kw), ref)
 
-    # ---- srh_scores: stored logits (one pass over the keys) vs two passes
+    # ---- srh_scores at the runtime's query count: stored probabilities (one pass over the keys) vs two passes
     hs = 2
+    rows = (H // G) * M
     kv_heads = torch.tensor([0, G // 2], dtype=torch.int32, device=dev)
     n_srh_buf = min(n_buf, 4)
     ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_srh_buf)]
-    q_srh = [torch.randn(B, hs, M, D, dtype=dt, device=dev) for _ in range(n_srh_buf)]
+    q_srh = [torch.randn(B, hs, rows, D, dtype=dt, device=dev) for _ in range(n_srh_buf)]
     score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
     srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4
     n_srh = 2 if small else _n_calls(srh_bytes, l2, lo=12, hi=64)
     ref = srh_scores_ref(q_srh[0], kv_heads, ks[0], lens)
-    saved = srh_mod.LOGITS_MAX_BYTES
-    try:
-        for name, limit in (("stored logits (default)", saved), ("two passes over the keys (round 1)", 0)):
-            srh_mod.LOGITS_MAX_BYTES = limit
-            err = rel_err(srh_scores(q_srh[0], kv_heads, ks[0], lens), ref)
-            calls = [lambda i=i: srh_scores(q_srh[i % n_srh_buf], kv_heads, ks[i % n_srh_buf], lens,
-                                            out=score_out[i % 4]) for i in range(n_srh)]
-            recs.append(rec("srh_scores", calls, srh_bytes, variant=name, rel_err=err))
-    finally:
-        srh_mod.LOGITS_MAX_BYTES = saved
+    for name, kw in (("stored probabilities, queries as the MMA M side (default)", dict(store_probs=True)),
+                     ("stored probabilities, keys as the MMA M side", dict(store_probs=True, queries_as_m=False)),
+                     ("two passes over the keys (round 3 default)", dict(store_probs=False, queries_as_m=False))):
+        err = rel_err(srh_scores(q_srh[0], kv_heads, ks[0], lens, **kw), ref)
+        calls = [lambda i=i, kw=kw: srh_scores(q_srh[i % n_srh_buf], kv_heads, ks[i % n_srh_buf], lens,
+                                               out=score_out[i % 4], **kw) for i in range(n_srh)]
+        recs.append(rec("srh_scores", calls, srh_bytes, variant=name, rel_err=err, rows=rows))
     return {"copy_tbps": copy_tbps, "gpu": "cpu (interpreter)" if small else torch.cuda.get_device_name(0),
             "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
 

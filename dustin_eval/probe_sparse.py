@@ -146,20 +146,24 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
     from dustin_kernels import srh_scores, srh_scores_ref
     from dustin_kernels.checks import rel_err
 
+    def cfg(bn, w, st, probs, qm, splits=None, p2=None):
+        return dict(block_n=bn, num_warps=w, num_stages=st, store_probs=probs, queries_as_m=qm,
+                    num_splits=splits, pass2=p2)
+
     if small:
         B, G, D, N, R, dev, dt, n_buf = 2, 4, 16, 200, 12, torch.device("cpu"), torch.float32, 2
         copy_tbps, l2 = 1.0, 1 << 20
-        grid = [(16, 4, 2, None), (32, 4, 2, True)]
+        grid = [cfg(16, 4, 2, None, None), cfg(32, 4, 2, True, True), cfg(32, 4, 2, True, False),
+                cfg(16, 4, 2, False, False)]
     else:
         B, G, D, N, R, dev, dt, n_buf = 16, 8, 128, 32768, 40, torch.device("cuda"), torch.bfloat16, 4
         copy_tbps = copy_bandwidth_tbps()["tbps"]
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        grid = [(bn, w, st, lg) for lg in (True, False) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        grid = [cfg(128, 4, 3, False, False), cfg(128, 4, 3, True, False), cfg(64, 4, 3, True, False)]
+        grid += [cfg(bn, w, st, True, True) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
         if splits_sweep:
-            grid = [(128, 4, 3, False, None, None)] + [
-                (128, 4, 3, False, None, p2) for p2 in ((64, 4, 3, 33), (64, 4, 2, 33), (128, 8, 3, 33), (128, 4, 2, 33),
-                                                        (128, 4, 3, 66), (128, 4, 3, 17), (32, 4, 4, 33), (64, 8, 3, 66))] + [
-                (bn, w, st, False, None, (128, 4, 3, 33)) for bn, w, st in ((64, 4, 3), (128, 8, 2), (128, 4, 4))]
+            grid += [cfg(128, 4, 3, True, True, sp) for sp in (4, 8, 34)]
+            grid += [cfg(128, 4, 3, True, True, None, (128, w2, 3, p2)) for w2 in (4, 8) for p2 in (16, 66, 132)]
     torch.manual_seed(0)
     ks = [torch.randn(B, G, N, D, dtype=dt, device=dev) for _ in range(n_buf)]
     qs = [torch.randn(B, 2, R, D, dtype=dt, device=dev) for _ in range(n_buf)]
@@ -169,9 +173,7 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
     ref = srh_scores_ref(qs[0], kvh, ks[0], lens)
     nbytes = B * 2 * N * D * dt.itemsize + B * N * 4
     recs = []
-    for bn, w, st, lg, *sp in grid:
-        kw = dict(block_n=bn, num_warps=w, num_stages=st, store_logits=lg, num_splits=sp[0] if sp else None,
-                  pass2=sp[1] if len(sp) > 1 else None)
+    for kw in grid:
         try:
             err = rel_err(srh_scores(qs[0], kvh, ks[0], lens, **kw), ref)
             calls = [lambda i=i, kw=kw: srh_scores(qs[i % n_buf], kvh, ks[i % n_buf], lens, out=outs[i % 4], **kw)
@@ -181,8 +183,9 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
                 rec = {"kernel": "srh_scores", "median_ms": 1.0}
             else:
                 rec = _record("srh_scores", calls, nbytes, copy_tbps)
-            rec.update(variant=f"block {bn}, {w} warps, {st} stages, logits {lg}, splits {kw['num_splits']}, "
-                               f"pass 2 {kw['pass2']}",
+            rec.update(variant=(f"block {kw['block_n']}, {kw['num_warps']} warps, {kw['num_stages']} stages, "
+                                f"probs {kw['store_probs']}, q as M {kw['queries_as_m']}, splits {kw['num_splits']}, "
+                                f"pass 2 {kw['pass2']}"),
                        rel_err=err, **kw)
         except Exception as e:  # resources: record why
             rec = {"kernel": "srh_scores", "variant": f"{kw}", "error": f"{type(e).__name__}: {str(e)[:160]}"}

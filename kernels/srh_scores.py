@@ -4,15 +4,18 @@ score[b, n] = sum (or max) over selected heads h and queries m of
 softmax_n(q[b, h, m] . k[b, kv_heads[h], n] * scale), n < cache_lens[b]; 0 beyond.
 
 Two launches, one pass over the keys of the KV heads in use:
-1. stats: program (h, split, b) keeps the running max and sum of exp of its chunk's logits per
-   query and stores the logits (fp32, [B, Hs, M, N_max]: 4 M bytes per key position and head
-   instead of re-reading the 2 D bytes of its key); the last program of each (b, h) to take a
-   ticket combines the partial sums into a log-sum-exp.
-2. scores: program (chunk, b) turns the stored logits into probabilities with the log-sum-exp and
-   reduces over heads and queries into out[b, chunk].
-Where the logits would need more than `LOGITS_MAX_BYTES` of scratch, pass 2 instead recomputes
-them from the keys (a second pass over the keys; it walks the batch in reverse, so it starts on
-the keys pass 1 left in L2).
+1. stats: program (h, split, b) walks its chunk of keys in blocks; per block and query it takes
+   the block's max logit c and p~ = exp2(s - c) (in (0, 1]), keeps the running max and sum, and
+   stores p~ ([B, Hs, M, N_max], fp16 for 16-bit inputs: 2 M bytes per key and head instead of
+   re-reading the key's 2 D bytes; fp32 for fp32 inputs) and c ([B, Hs, blocks, BLOCK_M]); the last
+   program of each (b, h) to take a ticket combines the partial sums into a log-sum-exp (lse).
+2. scores: program (blocks, b) weights each block's p~ by exp2(c - lse) and reduces over heads and
+   queries into out[b, n].
+Where the probabilities would need more than `PROBS_MAX_BYTES` of scratch, or `store_probs=False`,
+pass 2 instead recomputes the logits from the keys (a second pass over the keys; it walks the
+batch in reverse, so it starts on the keys pass 1 left in L2).
+fp16 p~ carries a relative error <= 2^-11 per term (values below 2^-14 of their block's max keep
+an absolute error <= 2^-25 of it): scores agree with the fp32 reference to ~5e-4.
 """
 
 from __future__ import annotations
@@ -34,18 +37,18 @@ from dustin_kernels._util import (
 
 LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)
-LOGITS_MAX_BYTES = 1 << 30  # scratch for the stored logits; beyond it, two passes over the keys
+PROBS_MAX_BYTES = 1 << 30  # scratch for the stored probabilities; beyond it, two passes over the keys
 
 
 @triton.jit
 def _srh_stats_kernel(
-    Q, KVH, K, LENS, LSE, WML, LOCKS, LG,
-    qk_scale, chunk, n_splits, n_max,
+    Q, KVH, K, LENS, LSE, WML, LOCKS, PR, CB,
+    qk_scale, chunk, n_splits, n_max, n_blocks,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     HS: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
-    STORE_LOGITS: tl.constexpr = False,
+    STORE: tl.constexpr = False, QROWS: tl.constexpr = False,
 ):
     h = tl.program_id(0)
     split = tl.program_id(1)
@@ -56,29 +59,48 @@ def _srh_stats_kernel(
     rd = tl.arange(0, BLOCK_D)
     mrow = rm < M
     dmask = rd < D
-    qt = tl.load(Q + b64 * sqb + h * sqh + rm[None, :] * sqm + rd[:, None] * sqd,
-                 mask=mrow[None, :] & dmask[:, None], other=0.0).to(tl.float32).to(DT)  # [BD, BM]
+    qb = Q + b64 * sqb + h * sqh
+    if QROWS:  # queries as the MMA's M side (>= 64 rows): the per-query reductions stay in a thread
+        qm = tl.load(qb + rm[:, None] * sqm + rd[None, :] * sqd,
+                     mask=mrow[:, None] & dmask[None, :], other=0.0).to(tl.float32).to(DT)  # [BM, BD]
+    else:  # keys as the M side ([BN, D] x [D, BM]): few queries still fill the MMA
+        qt = tl.load(qb + rm[None, :] * sqm + rd[:, None] * sqd,
+                     mask=mrow[None, :] & dmask[:, None], other=0.0).to(tl.float32).to(DT)  # [BD, BM]
     g = tl.load(KVH + h)
     kb = K + b64 * skb + g.to(tl.int64) * skg
     L = tl.load(LENS + b)
+    pair = b * HS + h
     m_i = tl.full([BLOCK_M], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, L)
-    for start in range(lo, hi, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):  # chunk is a multiple of BLOCK_N: blocks are global
         rn = start + tl.arange(0, BLOCK_N)
         valid = rn < hi
         k = tl.load(kb + rn[:, None] * skn + rd[None, :] * skd, mask=valid[:, None] & dmask[None, :],
                     other=0.0).to(tl.float32)
-        s = tl.dot(k.to(DT), qt, input_precision=PREC) * qk_scale  # [BN, BM]: keys as the MMA's M side
-        if STORE_LOGITS:  # LG [B, HS, M, n_max]
-            lp = LG + ((b64 * HS + h) * M + rm[None, :]) * n_max + rn[:, None]
-            tl.store(lp, s, mask=valid[:, None] & mrow[None, :])
-        s = tl.where(valid[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[None, :]), 0)
+        if QROWS:
+            s = tl.dot(qm, tl.trans(k.to(DT)), input_precision=PREC) * qk_scale  # [BM, BN], log2 units
+            s = tl.where(valid[None, :], s, float("-inf"))
+            c = tl.max(s, 1)  # [BM]: every block holds a valid key
+            p = tl.exp2(s - c[:, None])
+            psum = tl.sum(p, 1)
+        else:
+            s = tl.dot(k.to(DT), qt, input_precision=PREC) * qk_scale  # [BN, BM]
+            s = tl.where(valid[:, None], s, float("-inf"))
+            c = tl.max(s, 0)
+            p = tl.exp2(s - c[None, :])
+            psum = tl.sum(p, 0)
+        if STORE:  # PR [B, HS, M, n_max] (n contiguous), CB [B, HS, n_blocks, BLOCK_M]
+            rowp = PR + ((b64 * HS + h) * M + rm) * n_max
+            if QROWS:
+                tl.store(rowp[:, None] + rn[None, :], p.to(PR.dtype.element_ty), mask=mrow[:, None] & valid[None, :])
+            else:
+                tl.store(rowp[None, :] + rn[:, None], p.to(PR.dtype.element_ty), mask=valid[:, None] & mrow[None, :])
+            tl.store(CB + ((b64 * HS + h) * n_blocks + start // BLOCK_N) * BLOCK_M + rm, c)
+        m_new = tl.maximum(m_i, c)
+        l_i = l_i * tl.exp2(m_i - m_new) + psum * tl.exp2(c - m_new)
         m_i = m_new
-    pair = b * HS + h
     if n_splits == 1:  # specialised at compile time
         tl.store(LSE + pair * BLOCK_M + rm, m_i + tl.log2(tl.where(mrow, l_i, 1.0)), mask=mrow)
     else:
@@ -154,38 +176,43 @@ def _srh_score_kernel(
 
 @triton.jit
 def _srh_prob_kernel(
-    LG, LENS, LSE, OUT, n_max, sob, son,
+    PR, CB, LENS, LSE, OUT, n_max, n_blocks, blocks_per_prog, sob, son,
     HS: tl.constexpr, M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_MP: tl.constexpr, BLOCK_N: tl.constexpr,
     REDUCE_MAX: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
-    """Pass 2 from stored logits: out[b, chunk] = sum/max over heads and queries of exp2(s - lse)."""
+    """Pass 2 from stored probabilities: out[b, n] = sum/max over heads and queries of
+    p~[n] * exp2(c[block(n)] - lse), blocks_per_prog pass-1 blocks per program."""
     b = tl.program_id(1)
     b64 = b.to(tl.int64)
     L = tl.load(LENS + b)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_MP)
     mrow = rm < M
-    valid = rn < L
-    score = tl.zeros([BLOCK_N], tl.float32)
-    for h in tl.static_range(HS):
-        lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
-        lp = LG + ((b64 * HS + h) * M + rm[:, None]) * n_max + rn[None, :]
-        s = tl.load(lp, mask=mrow[:, None] & valid[None, :], other=float("-inf"))  # [BMP, BN]
-        p = tl.exp2(s - lse[:, None])
-        if REDUCE_MAX:
-            score = tl.maximum(score, tl.max(p, 0))
-        else:
-            score += tl.sum(p, 0)
-    score = tl.where(valid, score, 0.0)
-    optrs = OUT + b64 * sob + rn * son
-    omask = rn < n_max
-    if ACCUMULATE:
-        prev = tl.load(optrs, mask=omask, other=0.0)
-        if REDUCE_MAX:
-            score = tl.maximum(prev, score)
-        else:
-            score = prev + score
-    tl.store(optrs, score, mask=omask)
+    blk0 = tl.program_id(0) * blocks_per_prog
+    for blk in range(blk0, tl.minimum(blk0 + blocks_per_prog, n_blocks)):
+        rn = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid = rn < L
+        live = blk * BLOCK_N < L  # pass 1 wrote this block's c
+        score = tl.zeros([BLOCK_N], tl.float32)
+        for h in tl.static_range(HS):
+            lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
+            c = tl.load(CB + ((b64 * HS + h) * n_blocks + blk) * BLOCK_M + rm, mask=mrow, other=float("-inf"))
+            w = tl.exp2(tl.where(live, c, float("-inf")) - lse)  # [BMP]: 0 on padded queries and unwritten blocks
+            pp = PR + ((b64 * HS + h) * M + rm[:, None]) * n_max + rn[None, :]
+            p = tl.load(pp, mask=mrow[:, None] & valid[None, :], other=0.0).to(tl.float32) * w[:, None]  # [BMP, BN]
+            if REDUCE_MAX:
+                score = tl.maximum(score, tl.max(p, 0))
+            else:
+                score += tl.sum(p, 0)
+        score = tl.where(valid, score, 0.0)
+        optrs = OUT + b64 * sob + rn * son
+        omask = rn < n_max
+        if ACCUMULATE:
+            prev = tl.load(optrs, mask=omask, other=0.0)
+            if REDUCE_MAX:
+                score = tl.maximum(prev, score)
+            else:
+                score = prev + score
+        tl.store(optrs, score, mask=omask)
 
 
 def srh_scores(
@@ -202,7 +229,8 @@ def srh_scores(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    store_logits: bool | None = None,
+    store_probs: bool | None = None,
+    queries_as_m: bool | None = None,
     pass2: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
@@ -213,13 +241,15 @@ def srh_scores(
     n < cache_lens[b] of q . k * scale (default 1/sqrt(D)); 0 for n >= cache_lens[b].
     accumulate=True adds into (sum) or maxes into (max) the given `out` instead, leaving entries
     n >= cache_lens[b] as they were. Reads only the keys of the KV heads used: once, or twice where
-    the stored logits would exceed `LOGITS_MAX_BYTES`.
+    the stored probabilities would exceed `PROBS_MAX_BYTES`.
     Query heads that share a KV head are best passed as one head with their queries stacked
     (M = heads x queries: the same softmax rows, the keys read once for all of them).
-    store_logits: None picks the cheaper pass 2 (stored fp32 logits cost 8 M bytes per key and
-    head, re-reading the key D x element bytes); True / False force it (tests, probes).
-    pass2 (block_n, num_warps, num_stages, programs per sequence) tunes the second key pass
-    separately (default: pass 1's settings, 4 x SMs / B programs).
+    store_probs: None picks the cheaper pass 2 (stored probabilities cost 2 M x element bytes per
+    key and head, written and read; the second key pass re-reads D x element bytes); True / False
+    force it (tests, probes). queries_as_m: which operand is the MMA's M side in pass 1 (default:
+    the queries from 64 rows up). pass2 (block_n, num_warps, num_stages, programs per sequence)
+    tunes the second pass separately (from stored probabilities only num_warps and the program
+    count apply; default: pass 1's settings, 4 x SMs / B programs).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -244,35 +274,40 @@ def srh_scores(
         num_warps = 4
     if num_stages is None:
         num_stages = 3
+    if queries_as_m is None:
+        queries_as_m = BLOCK_M >= 64
     if num_splits is None:
         num_splits = max(1, min(cdiv(4 * num_sms(q.device), B * HS), cdiv(N, block_n)))
     chunk = cdiv(cdiv(N, num_splits), block_n) * block_n
     splits = cdiv(N, chunk)
+    n_blocks = cdiv(N, block_n)
     lse = torch.empty(B * HS * BLOCK_M, dtype=torch.float32, device=q.device)
     wml = torch.empty(B * HS * splits * 2 * BLOCK_M if splits > 1 else 1, dtype=torch.float32, device=q.device)
     locks = ticket_counters(q.device, B * HS) if splits > 1 else lse
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
-    logits_bytes = B * HS * M * N * 4
-    if store_logits is None:
-        store_logits = 8 * M <= D * k_cache.element_size()
-    store_logits = bool(store_logits) and logits_bytes <= LOGITS_MAX_BYTES
-    lg = torch.empty(B * HS * M * N if store_logits else 1, dtype=torch.float32, device=q.device)
+    p_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
+    p_size = torch.finfo(p_dtype).bits // 8
+    if store_probs is None:
+        store_probs = 2 * M * p_size <= D * k_cache.element_size()
+    store_probs = bool(store_probs) and B * HS * M * N * p_size <= PROBS_MAX_BYTES
+    pr = torch.empty(B * HS * M * N if store_probs else 1, dtype=p_dtype, device=q.device)
+    cb = torch.empty(B * HS * n_blocks * BLOCK_M if store_probs else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](
-        q, kv_heads, k_cache, cache_lens, lse, wml, locks, lg, qk_scale, chunk, splits, N,
+        q, kv_heads, k_cache, cache_lens, lse, wml, locks, pr, cb, qk_scale, chunk, splits, N, n_blocks,
         *q.stride(), *k_cache.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
-        STORE_LOGITS=store_logits, num_warps=num_warps, num_stages=num_stages,
+        STORE=store_probs, QROWS=bool(queries_as_m), num_warps=num_warps, num_stages=num_stages,
     )
-    if store_logits:
-        block_p = 512
-        _srh_prob_kernel[(cdiv(N, block_p), B)](
-            lg, cache_lens, lse, out, N, *out.stride(),
-            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_p,
-            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=4,
+    bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, cdiv(4 * num_sms(q.device), B))
+    if store_probs:
+        per_prog = cdiv(n_blocks, max(1, min(p2, n_blocks)))
+        _srh_prob_kernel[(cdiv(n_blocks, per_prog), B)](
+            pr, cb, cache_lens, lse, out, N, n_blocks, per_prog, *out.stride(),
+            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_n,
+            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=w2,
         )
         return out
-    bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, cdiv(4 * num_sms(q.device), B))
     chunk2 = cdiv(cdiv(N, max(1, min(p2, cdiv(N, bn2)))), bn2) * bn2
     _srh_score_kernel[(cdiv(N, chunk2), B)](
         q, kv_heads, k_cache, cache_lens, lse, out, qk_scale, chunk2, N, B,

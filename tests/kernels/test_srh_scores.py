@@ -39,13 +39,15 @@ def _inputs(B, Hs, M, D, G, N, kv_heads, dtype, device, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("reduce", ["sum", "max"])
-@pytest.mark.parametrize("store_logits", [None, True, False])
-def test_matches_reference(dtype, case, reduce, store_logits):
+@pytest.mark.parametrize("store_probs,queries_as_m", [(None, None), (True, True), (True, False), (False, True),
+                                                      (False, False)])
+def test_matches_reference(dtype, case, reduce, store_probs, queries_as_m):
     B, Hs, M, D, G, N, kvh, splits = case
     dev = _device()
     q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, dtype, dev, seed=CASES.index(case))
     out = poisoned((B, N), torch.float32, dev)
-    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16, store_logits=store_logits)
+    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16,
+               store_probs=store_probs, queries_as_m=queries_as_m)
     ref = srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)
     assert rel_err(out, ref) <= TOL[dtype]
     for b in range(B):
@@ -95,7 +97,7 @@ def test_gpu_bf16(reduce):
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_two_pass_fallback_matches(reduce, monkeypatch):
-    """Without scratch for the logits, pass 2 recomputes them from the keys: same result."""
+    """Without scratch for the probabilities, pass 2 recomputes them from the keys: same result."""
     import importlib
 
     mod = importlib.import_module("dustin_kernels.srh_scores")  # the package's `srh_scores` is the function
@@ -103,7 +105,7 @@ def test_two_pass_fallback_matches(reduce, monkeypatch):
     dev = _device()
     q, kv_heads, k, lens = _inputs(2, 2, 3, 16, 2, 50, [1, 0], torch.float32, dev, seed=6)
     out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16)
-    monkeypatch.setattr(mod, "LOGITS_MAX_BYTES", 0)
+    monkeypatch.setattr(mod, "PROBS_MAX_BYTES", 0)
     out2 = poisoned((2, 50), torch.float32, dev)
     srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out2, block_n=16)
     assert rel_err(out2, out) <= 1e-5
@@ -111,11 +113,22 @@ def test_two_pass_fallback_matches(reduce, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("store_probs", [True, False])
+def test_gpu_bf16_stacked_queries(store_probs):
+    """The runtime's shape: every query head of a KV head stacked (40 rows), queries as the M side."""
+    B, Hs, M, D, G, N = 3, 2, 40, 128, 8, 20011
+    q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, [1, 6], torch.bfloat16, "cuda", seed=23)
+    out = poisoned((B, N), torch.float32, "cuda")
+    srh_scores(q, kv_heads, k, lens, out=out, store_probs=store_probs)
+    assert rel_err(out, srh_scores_ref(q, kv_heads, k, lens)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
 def test_gpu_bf16_two_pass_fallback(monkeypatch):
     import importlib
 
     mod = importlib.import_module("dustin_kernels.srh_scores")
-    monkeypatch.setattr(mod, "LOGITS_MAX_BYTES", 0)
+    monkeypatch.setattr(mod, "PROBS_MAX_BYTES", 0)
     B, Hs, M, D, G, N = 4, 3, 5, 128, 8, 9001
     q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, [0, 5, 5], torch.bfloat16, "cuda", seed=22)
     out = poisoned((B, N), torch.float32, "cuda")
