@@ -139,10 +139,11 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
             "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
 
 
-def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
+def probe_srh(small: bool = False, splits_sweep: bool = False, n_extra: int = 0) -> dict:
     """srh_scores configurations at the runtime's query count (every query head of a retrieval KV
     head stacked: 72B: 8 heads x 5 queries = 40 rows), 2 KV heads of one layer, 32k, batch 16;
-    each checked against the fp32 reference."""
+    each checked against the fp32 reference. n_extra: cache capacity beyond the 32k context (0: a
+    power of two, the hard case for strided scratch); kernel_us: per-kernel times (torch profiler)."""
     from dustin_kernels import srh_scores, srh_scores_ref
     from dustin_kernels.checks import rel_err
 
@@ -159,19 +160,21 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
         B, G, D, N, R, dev, dt, n_buf = 16, 8, 128, 32768, 40, torch.device("cuda"), torch.bfloat16, 4
         copy_tbps = copy_bandwidth_tbps()["tbps"]
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        grid = [cfg(128, 4, 3, False, False), cfg(128, 4, 3, True, False), cfg(64, 4, 3, True, False)]
-        grid += [cfg(bn, w, st, True, True) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        grid = [cfg(128, 4, 3, False, False), cfg(128, 4, 3, True, True), cfg(128, 4, 3, True, False),
+                cfg(64, 4, 4, True, False)]
+        grid += [cfg(bn, 4, st, True, True) for bn, st in ((64, 3), (64, 4), (128, 2), (128, 4))]
         if splits_sweep:
-            grid += [cfg(128, 4, 3, True, True, sp) for sp in (4, 8, 34)]
-            grid += [cfg(128, 4, 3, True, True, None, (128, w2, 3, p2)) for w2 in (4, 8) for p2 in (16, 66, 132)]
+            grid += [cfg(128, 4, 3, True, True, sp) for sp in (8, 34)]
+            grid += [cfg(128, 4, 3, True, True, None, (128, 4, 3, p2)) for p2 in (66, 132)]
     torch.manual_seed(0)
-    ks = [torch.randn(B, G, N, D, dtype=dt, device=dev) for _ in range(n_buf)]
+    n_max = N + n_extra
+    ks = [torch.randn(B, G, n_max, D, dtype=dt, device=dev) for _ in range(n_buf)]
     qs = [torch.randn(B, 2, R, D, dtype=dt, device=dev) for _ in range(n_buf)]
     kvh = torch.tensor([0, G // 2], dtype=torch.int32, device=dev)
     lens = torch.full((B,), N, dtype=torch.int32, device=dev)
-    outs = [torch.empty(B, N, dtype=torch.float32, device=dev) for _ in range(4)]
+    outs = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
     ref = srh_scores_ref(qs[0], kvh, ks[0], lens)
-    nbytes = B * 2 * N * D * dt.itemsize + B * N * 4
+    nbytes = B * 2 * N * D * dt.itemsize + B * n_max * 4
     recs = []
     for kw in grid:
         try:
@@ -183,6 +186,7 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
                 rec = {"kernel": "srh_scores", "median_ms": 1.0}
             else:
                 rec = _record("srh_scores", calls, nbytes, copy_tbps)
+                rec["kernel_us"] = _kernel_us(calls[:8])
             rec.update(variant=(f"block {kw['block_n']}, {kw['num_warps']} warps, {kw['num_stages']} stages, "
                                 f"probs {kw['store_probs']}, q as M {kw['queries_as_m']}, splits {kw['num_splits']}, "
                                 f"pass 2 {kw['pass2']}"),
@@ -191,7 +195,22 @@ def probe_srh(small: bool = False, splits_sweep: bool = False) -> dict:
             rec = {"kernel": "srh_scores", "variant": f"{kw}", "error": f"{type(e).__name__}: {str(e)[:160]}"}
         recs.append(rec)
     return {"copy_tbps": copy_tbps, "gpu": "cpu (interpreter)" if small else torch.cuda.get_device_name(0),
-            "shape": {"B": B, "G": G, "D": D, "N": N, "rows": R}, "records": recs}
+            "shape": {"B": B, "G": G, "D": D, "N": N, "n_max": n_max, "rows": R}, "records": recs}
+
+
+def _kernel_us(calls: list) -> dict[str, float]:
+    """Mean CUDA time per call of each kernel the calls launch (torch profiler, after one warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for c in calls:
+            c()
+        torch.cuda.synchronize()
+    return {e.key: round(e.device_time_total / len(calls), 2) for e in prof.key_averages()
+            if e.device_time_total > 0}
 
 
 def main(argv: list[str]) -> None:
@@ -199,7 +218,8 @@ def main(argv: list[str]) -> None:
     only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
     path = [a for a in argv if not a.startswith("--")][0]
     if "--srh" in argv:
-        res = probe_srh(small, "--splits" in argv)
+        extra = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--n-extra=")), 0)
+        res = probe_srh(small, "--splits" in argv, extra)
     else:
         res = probe_round3(small, [int(x) for x in only.split(",")] if only else None, "--no-sweep" not in argv)
     res["environment"] = environment("python -m dustin_eval.probe_sparse " + " ".join(argv)) if not small else {}
@@ -208,7 +228,7 @@ def main(argv: list[str]) -> None:
     for r in res["records"]:
         print(f"{r['kernel']:18s} {r.get('variant', ''):46s} S={r.get('budget', '')!s:5s} "
               f"{r.get('median_ms', float('nan')) * 1e3:8.2f} us  do_bench {r.get('do_bench_ms', float('nan')) * 1e3:7.1f}"
-              f"  err {r.get('rel_err', float('nan')):.4f} {r.get('error', '')}")
+              f"  err {r.get('rel_err', float('nan')):.4f} {r.get('error', '')} {r.get('kernel_us', '')}")
 
 
 if __name__ == "__main__":

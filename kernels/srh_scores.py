@@ -6,7 +6,8 @@ softmax_n(q[b, h, m] . k[b, kv_heads[h], n] * scale), n < cache_lens[b]; 0 beyon
 Two launches, one pass over the keys of the KV heads in use:
 1. stats: program (h, split, b) walks its chunk of keys in blocks; per block and query it takes
    the block's max logit c and p~ = exp2(s - c) (in (0, 1]), keeps the running max and sum, and
-   stores p~ ([B, Hs, M, N_max], fp16 for 16-bit inputs: 2 M bytes per key and head instead of
+   stores p~ ([B, Hs, blocks, M, BLOCK_N]: each block's tile contiguous, so no power-of-two row
+   stride sends a tile's rows to one memory channel; fp16 for 16-bit inputs: 2 M bytes per key and head instead of
    re-reading the key's 2 D bytes; fp32 for fp32 inputs) and c ([B, Hs, blocks, BLOCK_M]); the last
    program of each (b, h) to take a ticket combines the partial sums into a log-sum-exp (lse).
 2. scores: program (blocks, b) weights each block's p~ by exp2(c - lse) and reduces over heads and
@@ -43,7 +44,7 @@ PROBS_MAX_BYTES = 1 << 30  # scratch for the stored probabilities; beyond it, tw
 @triton.jit
 def _srh_stats_kernel(
     Q, KVH, K, LENS, LSE, WML, LOCKS, PR, CB,
-    qk_scale, chunk, n_splits, n_max, n_blocks,
+    qk_scale, chunk, n_splits, n_blocks,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     HS: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
@@ -91,13 +92,17 @@ def _srh_stats_kernel(
             c = tl.max(s, 0)
             p = tl.exp2(s - c[None, :])
             psum = tl.sum(p, 0)
-        if STORE:  # PR [B, HS, M, n_max] (n contiguous), CB [B, HS, n_blocks, BLOCK_M]
-            rowp = PR + ((b64 * HS + h) * M + rm) * n_max
+        if STORE:  # PR [B, HS, n_blocks, M, BLOCK_N]: one contiguous tile per block; CB [B, HS, n_blocks, BLOCK_M]
+            blk = start // BLOCK_N
+            tile = PR + ((b64 * HS + h) * n_blocks + blk) * (M * BLOCK_N)
+            rj = tl.arange(0, BLOCK_N)
             if QROWS:
-                tl.store(rowp[:, None] + rn[None, :], p.to(PR.dtype.element_ty), mask=mrow[:, None] & valid[None, :])
+                tl.store(tile + rm[:, None] * BLOCK_N + rj[None, :], p.to(PR.dtype.element_ty),
+                         mask=mrow[:, None] & valid[None, :])
             else:
-                tl.store(rowp[None, :] + rn[:, None], p.to(PR.dtype.element_ty), mask=valid[:, None] & mrow[None, :])
-            tl.store(CB + ((b64 * HS + h) * n_blocks + start // BLOCK_N) * BLOCK_M + rm, c)
+                tl.store(tile + rm[None, :] * BLOCK_N + rj[:, None], p.to(PR.dtype.element_ty),
+                         mask=valid[:, None] & mrow[None, :])
+            tl.store(CB + ((b64 * HS + h) * n_blocks + blk) * BLOCK_M + rm, c)
         m_new = tl.maximum(m_i, c)
         l_i = l_i * tl.exp2(m_i - m_new) + psum * tl.exp2(c - m_new)
         m_i = m_new
@@ -197,7 +202,7 @@ def _srh_prob_kernel(
             lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
             c = tl.load(CB + ((b64 * HS + h) * n_blocks + blk) * BLOCK_M + rm, mask=mrow, other=float("-inf"))
             w = tl.exp2(tl.where(live, c, float("-inf")) - lse)  # [BMP]: 0 on padded queries and unwritten blocks
-            pp = PR + ((b64 * HS + h) * M + rm[:, None]) * n_max + rn[None, :]
+            pp = PR + ((b64 * HS + h) * n_blocks + blk) * (M * BLOCK_N) + rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             p = tl.load(pp, mask=mrow[:, None] & valid[None, :], other=0.0).to(tl.float32) * w[:, None]  # [BMP, BN]
             if REDUCE_MAX:
                 score = tl.maximum(score, tl.max(p, 0))
@@ -290,11 +295,11 @@ def srh_scores(
     p_size = torch.finfo(p_dtype).bits // 8
     if store_probs is None:
         store_probs = 2 * M * p_size <= D * k_cache.element_size()
-    store_probs = bool(store_probs) and B * HS * M * N * p_size <= PROBS_MAX_BYTES
-    pr = torch.empty(B * HS * M * N if store_probs else 1, dtype=p_dtype, device=q.device)
+    store_probs = bool(store_probs) and B * HS * M * n_blocks * block_n * p_size <= PROBS_MAX_BYTES
+    pr = torch.empty(B * HS * M * n_blocks * block_n if store_probs else 1, dtype=p_dtype, device=q.device)
     cb = torch.empty(B * HS * n_blocks * BLOCK_M if store_probs else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](
-        q, kv_heads, k_cache, cache_lens, lse, wml, locks, pr, cb, qk_scale, chunk, splits, N, n_blocks,
+        q, kv_heads, k_cache, cache_lens, lse, wml, locks, pr, cb, qk_scale, chunk, splits, n_blocks,
         *q.stride(), *k_cache.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
         STORE=store_probs, QROWS=bool(queries_as_m), num_warps=num_warps, num_stages=num_stages,
