@@ -147,25 +147,26 @@ def probe_srh(small: bool = False, splits_sweep: bool = False, n_extra: int = 0)
     from dustin_kernels import srh_scores, srh_scores_ref
     from dustin_kernels.checks import rel_err
 
-    def cfg(bn, w, st, probs, qm, splits=None, p2=None):
+    def cfg(bn, w, st, probs, qm, splits=None, p2=None, pad=None):
         return dict(block_n=bn, num_warps=w, num_stages=st, store_probs=probs, queries_as_m=qm,
-                    num_splits=splits, pass2=p2)
+                    num_splits=splits, pass2=p2, probs_pad=pad)
 
     if small:
         B, G, D, N, R, dev, dt, n_buf = 2, 4, 16, 200, 12, torch.device("cpu"), torch.float32, 2
         copy_tbps, l2 = 1.0, 1 << 20
         grid = [cfg(16, 4, 2, None, None), cfg(32, 4, 2, True, True), cfg(32, 4, 2, True, False),
-                cfg(16, 4, 2, False, False)]
+                cfg(16, 4, 2, False, False), cfg(16, 4, 2, False, True), cfg(32, 4, 2, True, True, pad=1)]
     else:
         B, G, D, N, R, dev, dt, n_buf = 16, 8, 128, 32768, 40, torch.device("cuda"), torch.bfloat16, 4
         copy_tbps = copy_bandwidth_tbps()["tbps"]
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        grid = [cfg(128, 4, 3, False, False), cfg(128, 4, 3, True, True), cfg(128, 4, 3, True, False),
-                cfg(64, 4, 4, True, False)]
-        grid += [cfg(bn, 4, st, True, True) for bn, st in ((64, 3), (64, 4), (128, 2), (128, 4))]
+        grid = [cfg(128, 4, 3, False, False), cfg(128, 4, 3, False, True), cfg(64, 4, 4, False, True),
+                cfg(128, 4, 4, False, False)]
+        grid += [cfg(bn, 4, st, True, True, pad=pad) for bn, st in ((64, 4), (128, 3)) for pad in (None, 1, 8)]
+        grid += [cfg(bn, 4, st, True, False, pad=1) for bn, st in ((64, 4), (128, 3))]
         if splits_sweep:
-            grid += [cfg(128, 4, 3, True, True, sp) for sp in (8, 34)]
-            grid += [cfg(128, 4, 3, True, True, None, (128, 4, 3, p2)) for p2 in (66, 132)]
+            grid += [cfg(64, 4, 4, True, True, None, (64, 4, st2, p2), pad=1) for st2 in (1, 3) for p2 in (33, 132)]
+            grid += [cfg(128, 4, 3, False, False, None, (128, 4, 3, p2)) for p2 in (17, 66)]
     torch.manual_seed(0)
     n_max = N + n_extra
     ks = [torch.randn(B, G, n_max, D, dtype=dt, device=dev) for _ in range(n_buf)]
@@ -189,7 +190,7 @@ def probe_srh(small: bool = False, splits_sweep: bool = False, n_extra: int = 0)
                 rec["kernel_us"] = _kernel_us(calls[:8])
             rec.update(variant=(f"block {kw['block_n']}, {kw['num_warps']} warps, {kw['num_stages']} stages, "
                                 f"probs {kw['store_probs']}, q as M {kw['queries_as_m']}, splits {kw['num_splits']}, "
-                                f"pass 2 {kw['pass2']}"),
+                                f"pass 2 {kw['pass2']}, pad {kw['probs_pad']}"),
                        rel_err=err, **kw)
         except Exception as e:  # resources: record why
             rec = {"kernel": "srh_scores", "variant": f"{kw}", "error": f"{type(e).__name__}: {str(e)[:160]}"}

@@ -49,7 +49,7 @@ def _srh_stats_kernel(
     skb, skg, skn, skd,
     HS: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
-    STORE: tl.constexpr = False, QROWS: tl.constexpr = False,
+    STORE: tl.constexpr = False, QROWS: tl.constexpr = False, PSTRIDE: tl.constexpr = 1,
 ):
     h = tl.program_id(0)
     split = tl.program_id(1)
@@ -92,15 +92,15 @@ def _srh_stats_kernel(
             c = tl.max(s, 0)
             p = tl.exp2(s - c[None, :])
             psum = tl.sum(p, 0)
-        if STORE:  # PR [B, HS, n_blocks, M, BLOCK_N]: one contiguous tile per block; CB [B, HS, n_blocks, BLOCK_M]
+        if STORE:  # PR [B, HS, n_blocks, M, PSTRIDE >= BLOCK_N]: one contiguous tile per block; CB [B, HS, n_blocks, BLOCK_M]
             blk = start // BLOCK_N
-            tile = PR + ((b64 * HS + h) * n_blocks + blk) * (M * BLOCK_N)
+            tile = PR + ((b64 * HS + h) * n_blocks + blk) * (M * PSTRIDE)
             rj = tl.arange(0, BLOCK_N)
             if QROWS:
-                tl.store(tile + rm[:, None] * BLOCK_N + rj[None, :], p.to(PR.dtype.element_ty),
+                tl.store(tile + rm[:, None] * PSTRIDE + rj[None, :], p.to(PR.dtype.element_ty),
                          mask=mrow[:, None] & valid[None, :])
             else:
-                tl.store(tile + rm[None, :] * BLOCK_N + rj[:, None], p.to(PR.dtype.element_ty),
+                tl.store(tile + rm[None, :] * PSTRIDE + rj[:, None], p.to(PR.dtype.element_ty),
                          mask=valid[:, None] & mrow[None, :])
             tl.store(CB + ((b64 * HS + h) * n_blocks + blk) * BLOCK_M + rm, c)
         m_new = tl.maximum(m_i, c)
@@ -150,40 +150,41 @@ def _srh_score_kernel(
     L = tl.load(LENS + b)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, n_max)
-    for start in range(lo, hi, BLOCK_N):
-        rn = start + tl.arange(0, BLOCK_N)
-        valid = rn < L
-        score = tl.zeros([BLOCK_N], tl.float32)
-        for h in tl.static_range(HS):
-            qt = tl.load(Q + b64 * sqb + h * sqh + rm[None, :] * sqm + rd[:, None] * sqd,
-                         mask=mrow[None, :] & dmask[:, None], other=0.0).to(tl.float32).to(DT)  # [BD, BM]
-            lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
-            kb = K + b64 * skb + tl.load(KVH + h).to(tl.int64) * skg
+    for h in tl.static_range(HS):  # heads outer: each head's queries loaded once per program
+        qt = tl.load(Q + b64 * sqb + h * sqh + rm[None, :] * sqm + rd[:, None] * sqd,
+                     mask=mrow[None, :] & dmask[:, None], other=0.0).to(tl.float32).to(DT)  # [BD, BM]
+        lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
+        kb = K + b64 * skb + tl.load(KVH + h).to(tl.int64) * skg
+        for start in range(lo, hi, BLOCK_N):
+            rn = start + tl.arange(0, BLOCK_N)
+            valid = rn < L
             k = tl.load(kb + rn[:, None] * skn + rd[None, :] * skd, mask=valid[:, None] & dmask[None, :],
                         other=0.0).to(tl.float32)
             s = tl.dot(k.to(DT), qt, input_precision=PREC) * qk_scale  # [BN, BM]
             p = tl.exp2(s - lse[None, :])  # padded query columns: lse = inf -> 0
             if REDUCE_MAX:
-                score = tl.maximum(score, tl.max(p, 1))
+                score = tl.max(p, 1)
             else:
-                score += tl.sum(p, 1)
-        score = tl.where(valid, score, 0.0)
-        optrs = OUT + b64 * sob + rn * son
-        omask = rn < hi
-        if ACCUMULATE:
-            prev = tl.load(optrs, mask=omask, other=0.0)
-            if REDUCE_MAX:
-                score = tl.maximum(prev, score)
-            else:
-                score = prev + score
-        tl.store(optrs, score, mask=omask)
+                score = tl.sum(p, 1)
+            score = tl.where(valid, score, 0.0)
+            optrs = OUT + b64 * sob + rn * son
+            omask = rn < hi
+            if ACCUMULATE or h > 0:  # later heads add to what this program stored for the earlier ones
+                prev = tl.load(optrs, mask=omask, other=0.0)
+                if REDUCE_MAX:
+                    score = tl.maximum(prev, score)
+                else:
+                    score = prev + score
+            tl.store(optrs, score, mask=omask)
+        if h + 1 < HS:
+            tl.debug_barrier()  # this program's stores are visible to its own threads before the next head
 
 
 @triton.jit
 def _srh_prob_kernel(
     PR, CB, LENS, LSE, OUT, n_max, n_blocks, blocks_per_prog, sob, son,
     HS: tl.constexpr, M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_MP: tl.constexpr, BLOCK_N: tl.constexpr,
-    REDUCE_MAX: tl.constexpr, ACCUMULATE: tl.constexpr,
+    PSTRIDE: tl.constexpr, REDUCE_MAX: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
     """Pass 2 from stored probabilities: out[b, n] = sum/max over heads and queries of
     p~[n] * exp2(c[block(n)] - lse), blocks_per_prog pass-1 blocks per program."""
@@ -202,7 +203,8 @@ def _srh_prob_kernel(
             lse = tl.load(LSE + (b * HS + h) * BLOCK_M + rm, mask=mrow, other=float("inf"))
             c = tl.load(CB + ((b64 * HS + h) * n_blocks + blk) * BLOCK_M + rm, mask=mrow, other=float("-inf"))
             w = tl.exp2(tl.where(live, c, float("-inf")) - lse)  # [BMP]: 0 on padded queries and unwritten blocks
-            pp = PR + ((b64 * HS + h) * n_blocks + blk) * (M * BLOCK_N) + rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tile = PR + ((b64 * HS + h) * n_blocks + blk) * (M * PSTRIDE)
+            pp = tile + rm[:, None] * PSTRIDE + tl.arange(0, BLOCK_N)[None, :]
             p = tl.load(pp, mask=mrow[:, None] & valid[None, :], other=0.0).to(tl.float32) * w[:, None]  # [BMP, BN]
             if REDUCE_MAX:
                 score = tl.maximum(score, tl.max(p, 0))
@@ -236,6 +238,7 @@ def srh_scores(
     num_stages: int | None = None,
     store_probs: bool | None = None,
     queries_as_m: bool | None = None,
+    probs_pad: int | None = None,
     pass2: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
@@ -252,7 +255,8 @@ def srh_scores(
     store_probs: None picks the cheaper pass 2 (stored probabilities cost 2 M x element bytes per
     key and head, written and read; the second key pass re-reads D x element bytes); True / False
     force it (tests, probes). queries_as_m: which operand is the MMA's M side in pass 1 (default:
-    the queries from 64 rows up). pass2 (block_n, num_warps, num_stages, programs per sequence)
+    the queries from 64 rows up). probs_pad: elements added to the row stride of a stored tile
+    (probe knob). pass2 (block_n, num_warps, num_stages, programs per sequence)
     tunes the second pass separately (from stored probabilities only num_warps and the program
     count apply; default: pass 1's settings, 4 x SMs / B programs).
     """
@@ -296,21 +300,22 @@ def srh_scores(
     if store_probs is None:
         store_probs = 2 * M * p_size <= D * k_cache.element_size()
     store_probs = bool(store_probs) and B * HS * M * n_blocks * block_n * p_size <= PROBS_MAX_BYTES
-    pr = torch.empty(B * HS * M * n_blocks * block_n if store_probs else 1, dtype=p_dtype, device=q.device)
+    pstride = block_n + (0 if probs_pad is None else int(probs_pad))
+    pr = torch.empty(B * HS * M * n_blocks * pstride if store_probs else 1, dtype=p_dtype, device=q.device)
     cb = torch.empty(B * HS * n_blocks * BLOCK_M if store_probs else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](
         q, kv_heads, k_cache, cache_lens, lse, wml, locks, pr, cb, qk_scale, chunk, splits, n_blocks,
         *q.stride(), *k_cache.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
-        STORE=store_probs, QROWS=bool(queries_as_m), num_warps=num_warps, num_stages=num_stages,
+        STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, num_warps=num_warps, num_stages=num_stages,
     )
     bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, cdiv(4 * num_sms(q.device), B))
     if store_probs:
         per_prog = cdiv(n_blocks, max(1, min(p2, n_blocks)))
         _srh_prob_kernel[(cdiv(n_blocks, per_prog), B)](
             pr, cb, cache_lens, lse, out, N, n_blocks, per_prog, *out.stride(),
-            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_n,
-            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=w2,
+            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_n, PSTRIDE=pstride,
+            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=w2, num_stages=st2,
         )
         return out
     chunk2 = cdiv(cdiv(N, max(1, min(p2, cdiv(N, bn2)))), bn2) * bn2
