@@ -320,8 +320,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens, out=score_out[i % 4])
                        for i in range(n_srh)],
         srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M,
-        note="all query heads of each KV head, stacked; bytes = keys once + output (pass 2 reads the stored "
-             "fp16 probabilities, or re-reads the keys where those are fewer bytes)"))
+        note="all query heads of each KV head, stacked; bytes = keys once + output (pass 2 re-reads the keys; "
+             "with few queries it reads stored fp16 probabilities instead)"))
     prim = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sec = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sel_out = [torch.empty(B, S, dtype=torch.int32, device=dev) for _ in range(8)]
@@ -693,9 +693,10 @@ def probe_round2(small: bool = False) -> dict:
     srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4
     n_srh = 2 if small else _n_calls(srh_bytes, l2, lo=12, hi=64)
     ref = srh_scores_ref(q_srh[0], kv_heads, ks[0], lens)
-    for name, kw in (("stored probabilities, queries as the MMA M side (default)", dict(store_probs=True)),
-                     ("stored probabilities, keys as the MMA M side", dict(store_probs=True, queries_as_m=False)),
-                     ("two passes over the keys (round 3 default)", dict(store_probs=False, queries_as_m=False))):
+    for name, kw in (("two passes over the keys, queries as the MMA M side in pass 1 (default)", dict()),
+                     ("two passes over the keys, keys as the M side (round 3)", dict(queries_as_m=False)),
+                     ("stored fp16 probabilities (one pass over the keys)", dict(store_probs=True)),
+                     ("stored probabilities, vectorised tile stores", dict(store_probs=True, probs_pad=0))):
         err = rel_err(srh_scores(q_srh[0], kv_heads, ks[0], lens, **kw), ref)
         calls = [lambda i=i, kw=kw: srh_scores(q_srh[i % n_srh_buf], kv_heads, ks[i % n_srh_buf], lens,
                                                out=score_out[i % 4], **kw) for i in range(n_srh)]

@@ -139,11 +139,12 @@ def probe_round3(small: bool = False, only: list[int] | None = None, sweep: bool
             "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
 
 
-def probe_srh(small: bool = False, splits_sweep: bool = False, n_extra: int = 0) -> dict:
+def probe_srh(small: bool = False, splits_sweep: bool = False, n_extra: int = 0, rows: int = 40) -> dict:
     """srh_scores configurations at the runtime's query count (every query head of a retrieval KV
     head stacked: 72B: 8 heads x 5 queries = 40 rows), 2 KV heads of one layer, 32k, batch 16;
     each checked against the fp32 reference. n_extra: cache capacity beyond the 32k context (0: a
-    power of two, the hard case for strided scratch); kernel_us: per-kernel times (torch profiler)."""
+    power of two, the hard case for strided scratch); rows: stacked queries per KV head (5: one
+    query head); kernel_us: per-kernel times (torch profiler)."""
     from dustin_kernels import srh_scores, srh_scores_ref
     from dustin_kernels.checks import rel_err
 
@@ -157,14 +158,17 @@ def probe_srh(small: bool = False, splits_sweep: bool = False, n_extra: int = 0)
         grid = [cfg(16, 4, 2, None, None), cfg(32, 4, 2, True, True), cfg(32, 4, 2, True, False),
                 cfg(16, 4, 2, False, False), cfg(16, 4, 2, False, True), cfg(32, 4, 2, True, True, pad=1)]
     else:
-        B, G, D, N, R, dev, dt, n_buf = 16, 8, 128, 32768, 40, torch.device("cuda"), torch.bfloat16, 4
+        B, G, D, N, R, dev, dt, n_buf = 16, 8, 128, 32768, rows, torch.device("cuda"), torch.bfloat16, 4
         copy_tbps = copy_bandwidth_tbps()["tbps"]
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         grid = [cfg(128, 4, 3, False, False), cfg(128, 4, 3, False, True), cfg(64, 4, 4, False, True),
                 cfg(128, 4, 4, False, False)]
         grid += [cfg(bn, 4, st, True, True, pad=pad) for bn, st in ((64, 4), (128, 3)) for pad in (None, 1, 8)]
         grid += [cfg(bn, 4, st, True, False, pad=1) for bn, st in ((64, 4), (128, 3))]
-        if splits_sweep:
+        if rows <= 16:  # one query head per KV head
+            grid = [cfg(None, 4, 3, None, None), cfg(None, 4, 3, True, None), cfg(None, 4, 3, False, None),
+                    cfg(64, 4, 3, True, None, None, (64, 4, 1, 132)), cfg(128, 4, 3, True, None)]
+        if splits_sweep and rows > 16:
             grid += [cfg(64, 4, 4, True, True, None, (64, 4, st2, p2), pad=1) for st2 in (1, 3) for p2 in (33, 132)]
             grid += [cfg(128, 4, 3, False, False, None, (128, 4, 3, p2)) for p2 in (17, 66)]
     torch.manual_seed(0)
@@ -220,7 +224,8 @@ def main(argv: list[str]) -> None:
     path = [a for a in argv if not a.startswith("--")][0]
     if "--srh" in argv:
         extra = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--n-extra=")), 0)
-        res = probe_srh(small, "--splits" in argv, extra)
+        rows = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--rows=")), 40)
+        res = probe_srh(small, "--splits" in argv, extra, rows)
     else:
         res = probe_round3(small, [int(x) for x in only.split(",")] if only else None, "--no-sweep" not in argv)
     res["environment"] = environment("python -m dustin_eval.probe_sparse " + " ".join(argv)) if not small else {}

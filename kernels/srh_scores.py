@@ -6,15 +6,16 @@ softmax_n(q[b, h, m] . k[b, kv_heads[h], n] * scale), n < cache_lens[b]; 0 beyon
 Two launches, one pass over the keys of the KV heads in use:
 1. stats: program (h, split, b) walks its chunk of keys in blocks; per block and query it takes
    the block's max logit c and p~ = exp2(s - c) (in (0, 1]), keeps the running max and sum, and
-   stores p~ ([B, Hs, blocks, M, BLOCK_N]: each block's tile contiguous, so no power-of-two row
+   (where few queries make that cheaper than re-reading the keys) stores p~ ([B, Hs, blocks, M, BLOCK_N]: each block's tile contiguous, so no power-of-two row
    stride sends a tile's rows to one memory channel; fp16 for 16-bit inputs: 2 M bytes per key and head instead of
    re-reading the key's 2 D bytes; fp32 for fp32 inputs) and c ([B, Hs, blocks, BLOCK_M]); the last
    program of each (b, h) to take a ticket combines the partial sums into a log-sum-exp (lse).
 2. scores: program (blocks, b) weights each block's p~ by exp2(c - lse) and reduces over heads and
    queries into out[b, n].
-Where the probabilities would need more than `PROBS_MAX_BYTES` of scratch, or `store_probs=False`,
-pass 2 instead recomputes the logits from the keys (a second pass over the keys; it walks the
-batch in reverse, so it starts on the keys pass 1 left in L2).
+Otherwise (many stacked queries, or more than `PROBS_MAX_BYTES` of scratch) pass 2 recomputes the
+logits from the keys: a second pass over the keys, heads outer so each program loads a head's
+queries once; it walks the batch in reverse, starting on the keys pass 1 left in L2. At the
+runtime's 72B shape (40 stacked queries) both passes run at ~90% of copy bandwidth.
 fp16 p~ carries a relative error <= 2^-11 per term (values below 2^-14 of their block's max keep
 an absolute error <= 2^-25 of it): scores agree with the fp32 reference to ~5e-4.
 """
@@ -252,11 +253,12 @@ def srh_scores(
     the stored probabilities would exceed `PROBS_MAX_BYTES`.
     Query heads that share a KV head are best passed as one head with their queries stacked
     (M = heads x queries: the same softmax rows, the keys read once for all of them).
-    store_probs: None picks the cheaper pass 2 (stored probabilities cost 2 M x element bytes per
-    key and head, written and read; the second key pass re-reads D x element bytes); True / False
-    force it (tests, probes). queries_as_m: which operand is the MMA's M side in pass 1 (default:
-    the queries from 64 rows up). probs_pad: elements added to the row stride of a stored tile
-    (probe knob). pass2 (block_n, num_warps, num_stages, programs per sequence)
+    store_probs: None stores the probabilities where they are at most a quarter of the key bytes
+    (4 M x their element size <= D x the keys'; storing slows pass 1 down, measured on the H200),
+    else pass 2 re-reads the keys; True / False force it (tests, probes). queries_as_m: which
+    operand is the MMA's M side in pass 1 (default: the queries from 64 rows up). probs_pad:
+    elements added to a stored tile's row stride (default 1: an unaligned row is stored straight
+    from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory shuffle). pass2 (block_n, num_warps, num_stages, programs per sequence)
     tunes the second pass separately (from stored probabilities only num_warps and the program
     count apply; default: pass 1's settings, 4 x SMs / B programs).
     """
@@ -297,10 +299,10 @@ def srh_scores(
     qk_scale = scale * LOG2E
     p_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
     p_size = torch.finfo(p_dtype).bits // 8
-    if store_probs is None:
-        store_probs = 2 * M * p_size <= D * k_cache.element_size()
+    if store_probs is None:  # measured (probe-srh-round4b-*.json): with stores pass 1 runs at ~60% of bandwidth, ~90% without
+        store_probs = 4 * M * p_size <= D * k_cache.element_size()
     store_probs = bool(store_probs) and B * HS * M * n_blocks * block_n * p_size <= PROBS_MAX_BYTES
-    pstride = block_n + (0 if probs_pad is None else int(probs_pad))
+    pstride = block_n + (1 if probs_pad is None else int(probs_pad))  # odd: stores straight from the MMA layout
     pr = torch.empty(B * HS * M * n_blocks * pstride if store_probs else 1, dtype=p_dtype, device=q.device)
     cb = torch.empty(B * HS * n_blocks * BLOCK_M if store_probs else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](
