@@ -260,7 +260,7 @@ def srh_scores(
     elements added to a stored tile's row stride (default 1: an unaligned row is stored straight
     from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory shuffle). pass2 (block_n, num_warps, num_stages, programs per sequence)
     tunes the second pass separately (from stored probabilities only num_warps and the program
-    count apply; default: pass 1's settings, 4 x SMs / B programs).
+    count apply; default: pass 1's settings, 4 x SMs / B programs, 16 x SMs / B from stored ones).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -279,8 +279,8 @@ def srh_scores(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     BLOCK_M = max(16, next_pow2(M))
     BLOCK_D = max(16, next_pow2(D))
-    if block_n is None:  # measured on the H200 (results/bench/probe-srh-*.json): 128 for stacked query heads
-        block_n = 128 if BLOCK_M >= 32 else 64
+    if block_n is None:  # measured on the H200 (results/bench/probe-srh-*.json): 128 at 5 and at 40 queries
+        block_n = 128
     if num_warps is None:
         num_warps = 4
     if num_stages is None:
@@ -311,7 +311,8 @@ def srh_scores(
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
         STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, num_warps=num_warps, num_stages=num_stages,
     )
-    bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, cdiv(4 * num_sms(q.device), B))
+    p2 = cdiv((16 if store_probs else 4) * num_sms(q.device), B)  # stored: a few blocks per program
+    bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, p2)
     if store_probs:
         per_prog = cdiv(n_blocks, max(1, min(p2, n_blocks)))
         _srh_prob_kernel[(cdiv(n_blocks, per_prog), B)](
