@@ -384,8 +384,7 @@ def _ticket_plan(B, N, budget, sinks, window, m1, m2, device, programs_per_row=N
         P = max(1, int(programs_per_row))
     else:  # one row per SM group, slices of >= 256 scores, candidate lists that fit the last program
         P = max(1, min(num_sms(device) // B, MAX_CANDIDATES // caps, cdiv(span, 256)))
-        if block is not None:
-            P = max(P, cdiv(span, block))
+        P = max(P, cdiv(span, block if block is not None else MAX_SLICE))  # large B x N: more programs than SMs
     slice_len = cdiv(span, P)
     BLOCK = max(16, next_pow2(slice_len))
     BLOCK2 = max(16, next_pow2(P * caps))
