@@ -1,33 +1,55 @@
 """select_indices vs torch.topk at a large batch x context (B 32, 64k, S 512): programs per row and
-warps, each checked exact against the reference; per-call times from CUDA-graph replays (H200)."""
-import torch, time
-from dustin_kernels.select import select_indices
+warps, each checked exact against the reference; per-call times from CUDA-graph replays (H200).
+
+Usage (device): python3 scripts/probe_select_large.py  ->  one line per configuration.
+Recorded run: results/bench/probe-select-large-a549e5c.log (the defaults then: 16 warps).
+"""
+
+from __future__ import annotations
+
+import torch
 from dustin_kernels import select_indices_ref
+from dustin_kernels.select import select_indices
+
 B, N, S = 32, 65541, 512
-torch.manual_seed(0)
-prim = [torch.rand(B, N, device="cuda") for _ in range(8)]
-sec = [torch.rand(B, N, device="cuda") for _ in range(8)]
-lens = torch.full((B,), N - 5, dtype=torch.int32, device="cuda")
-kw = dict(budget=S, sinks=4, window=64, m=200)
-ref = select_indices_ref(prim[0], sec[0], lens, **kw)
-def t(fn, n=40):
+KW = dict(budget=S, sinks=4, window=64, m=200)
+
+
+def graph_us(fn, n: int = 40, replays: int = 10) -> float:
+    """Median per-call time (us) of n calls captured in one CUDA graph."""
     g = torch.cuda.CUDAGraph()
-    fn(0); torch.cuda.synchronize()
+    fn(0)
+    torch.cuda.synchronize()
     with torch.cuda.graph(g):
         for i in range(n):
             fn(i)
-    g.replay(); torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) / n)
-    return sorted(ts)[5] * 1e3
-print("topk", t(lambda i: torch.topk(prim[i % 8], S, dim=1)))
-for P in (None, 8, 12, 16):
-    for w in (None, 4, 16):
-        try:
-            o = select_indices(prim[0], sec[0], lens, programs_per_row=P, num_warps=w, **kw)
-            ok = torch.equal(o, ref)
-            print("select P", P, "warps", w, round(t(lambda i: select_indices(prim[i % 8], sec[i % 8], lens, programs_per_row=P, num_warps=w, **kw)), 1), "exact", ok, flush=True)
-        except Exception as e:
-            print("select P", P, w, "error", str(e)[:100])
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return sorted(times)[replays // 2] * 1e3
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    prim = [torch.rand(B, N, device="cuda") for _ in range(8)]  # [B, N] each: distinct buffers per call
+    sec = [torch.rand(B, N, device="cuda") for _ in range(8)]
+    lens = torch.full((B,), N - 5, dtype=torch.int32, device="cuda")
+    ref = select_indices_ref(prim[0], sec[0], lens, **KW)
+    print("topk", round(graph_us(lambda i: torch.topk(prim[i % 8], S, dim=1)), 1))
+    for P in (None, 8, 12, 16):
+        for w in (None, 4, 16):
+            opts = dict(programs_per_row=P, num_warps=w, **KW)
+            exact = torch.equal(select_indices(prim[0], sec[0], lens, **opts), ref)
+            us = graph_us(lambda i, opts=opts: select_indices(prim[i % 8], sec[i % 8], lens, **opts))
+            print("select P", P, "warps", w, round(us, 1), "exact", exact, flush=True)
+
+
+if __name__ == "__main__":
+    main()
