@@ -1,0 +1,97 @@
+"""What a kernel costs on the H200 before it moves bytes: per-call time of back-to-back launches in
+one CUDA graph (128 programs, as the sparse verification kernel at B 16 x G 8), for
+(a) a kernel that stores one value per program, (b) one dependent load chain (index -> 256-byte
+row -> store), (c) = (b) with programmatic dependent launch, and the sparse kernel itself at a
+budget of 16, 64 and 512 rows (72B shape, 32k, batch 16). The gap between (b)/(c) and the sparse
+kernel at a small budget is the part of its fixed cost that a different kernel could remove.
+
+Usage (device): python3 scripts/probe_fixed_cost.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from dustin_kernels import sparse_verify_attention
+from dustin_kernels._util import pdl_supported
+
+from dustin_eval.bench_attention import environment, random_index_sets, verify_buffers
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - depends on the Triton version
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def _store_one(OUT):
+    tl.store(OUT + tl.program_id(0), 1.0)
+
+
+@triton.jit
+def _chain(IDX, K, OUT, D: tl.constexpr, GDC: tl.constexpr):
+    if GDC:
+        gdc_wait()
+        gdc_launch_dependents()
+    p = tl.program_id(0)
+    row = tl.load(IDX + p * 512)  # the program's first index
+    rd = tl.arange(0, D)
+    k = tl.load(K + (p.to(tl.int64) * 32768 + row) * D + rd)  # one 256-byte row of its (b, g)
+    tl.store(OUT + p * D + rd, k)
+
+
+def graph_us(fn, n: int = 24, replays: int = 15) -> float:
+    """Median per-call time (us) of n calls captured back to back in one CUDA graph."""
+    fn(0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return sorted(times)[replays // 2] * 1e3
+
+
+def main(path: str) -> None:
+    dev = torch.device("cuda")
+    B, H, G, D, N, M = 16, 64, 8, 128, 32768, 5
+    P = B * G
+    out = torch.empty(P * D, dtype=torch.bfloat16, device=dev)
+    keys = [torch.randn(P * N * D, dtype=torch.bfloat16, device=dev) for _ in range(4)]  # [B*G, N, D] flat
+    idx = [torch.randint(0, N, (P * 512,), dtype=torch.int32, device=dev) for _ in range(4)]
+    pdl = pdl_supported(dev)
+    recs = {
+        "store_one": graph_us(lambda i: _store_one[(P,)](out)),
+        "chain": graph_us(lambda i: _chain[(P,)](idx[i % 4], keys[i % 4], out, D=D, GDC=False)),
+    }
+    if pdl:
+        recs["chain_pdl"] = graph_us(lambda i: _chain[(P,)](idx[i % 4], keys[i % 4], out, D=D, GDC=True,
+                                                            launch_pdl=True))
+    ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, 12, torch.bfloat16, dev)
+    for S in (16, 64, 512):
+        sets = random_index_sets(B, N, S, 12, dev)
+        recs[f"sparse_S{S}"] = graph_us(lambda i, sets=sets: sparse_verify_attention(
+            qs[i % 12], ks[i % 12], vs[i % 12], sets[i % 12], lens, out=outs[i % 12]))
+    res = {"gpu": torch.cuda.get_device_name(0), "programs": P, "pdl": pdl, "per_call_us": recs,
+           "environment": environment("python3 scripts/probe_fixed_cost.py " + path)}
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    for k, v in recs.items():
+        print(f"{k:14s} {v:7.2f} us")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
