@@ -1,7 +1,9 @@
 """What a kernel costs on the H200 before it moves bytes: per-call time of back-to-back launches in
 one CUDA graph (128 programs, as the sparse verification kernel at B 16 x G 8), for
 (a) a kernel that stores one value per program, (b) one dependent load chain (index -> 256-byte
-row -> store), (c) = (b) with programmatic dependent launch, and the sparse kernel itself at a
+row -> store), (c) = (b) with programmatic dependent launch, (d) the sparse kernel's reads alone (sum of the
+selected K and V rows, 33.5 MB, various splits and pipelines; and the same for contiguous rows),
+and the sparse kernel itself at a
 budget of 16, 64 and 512 rows (72B shape, 32k, batch 16). The gap between (b)/(c) and the sparse
 kernel at a small budget is the part of its fixed cost that a different kernel could remove.
 
@@ -44,6 +46,28 @@ def _chain(IDX, K, OUT, D: tl.constexpr, GDC: tl.constexpr):
     tl.store(OUT + p * D + rd, k)
 
 
+@triton.jit
+def _gather_sum(IDX, K, V, OUT, rows_per_prog, n_splits, n_ctx,
+                D: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """The bytes of sparse verification without the attention: program (split, pair) sums the K and
+    V rows its slice of the pair's 512 indices names (or 512 contiguous rows) and stores [D]."""
+    split = tl.program_id(0)
+    pair = tl.program_id(1)
+    rd = tl.arange(0, D)
+    base = pair.to(tl.int64) * n_ctx * D
+    acc = tl.zeros([BLOCK, D], tl.float32)
+    lo = split * rows_per_prog
+    for start in tl.range(lo, lo + rows_per_prog, BLOCK, num_stages=STAGES):
+        offs = start + tl.arange(0, BLOCK)
+        if CONTIGUOUS:
+            rows = offs
+        else:
+            rows = tl.load(IDX + pair * 512 + offs)
+        ptr = base + rows.to(tl.int64)[:, None] * D + rd[None, :]
+        acc += tl.load(K + ptr).to(tl.float32) + tl.load(V + ptr).to(tl.float32)
+    tl.store(OUT + (pair * n_splits + split) * D + rd, tl.sum(acc, 0).to(OUT.dtype.element_ty))
+
+
 def graph_us(fn, n: int = 24, replays: int = 15) -> float:
     """Median per-call time (us) of n calls captured back to back in one CUDA graph."""
     fn(0)
@@ -80,6 +104,17 @@ def main(path: str) -> None:
     if pdl:
         recs["chain_pdl"] = graph_us(lambda i: _chain[(P,)](idx[i % 4], keys[i % 4], out, D=D, GDC=True,
                                                             launch_pdl=True))
+    vals = [torch.randn(P * N * D, dtype=torch.bfloat16, device=dev) for _ in range(4)]
+    outs_g = torch.empty(P * 8 * D, dtype=torch.bfloat16, device=dev)
+    for contiguous in (False, True):
+        for splits in (1, 2, 4):
+            for block, stages in ((32, 4), (64, 3), (128, 2)):
+                rpp = 512 // splits
+                if block > rpp:
+                    continue
+                name = f"gather_sum_{'contig' if contiguous else 'idx'}_sp{splits}_b{block}_st{stages}"
+                recs[name] = graph_us(lambda i, sp=splits, b=block, st=stages, r=rpp, c=contiguous: _gather_sum[(sp, P)](
+                    idx[i % 4], keys[i % 4], vals[i % 4], outs_g, r, sp, N, D=D, BLOCK=b, STAGES=st, CONTIGUOUS=c))
     ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, 12, torch.bfloat16, dev)
     for S in (16, 64, 512):
         sets = random_index_sets(B, N, S, 12, dev)
