@@ -85,7 +85,7 @@ def parse_list(text: str, kind=int) -> list:
 # ---------------------------------------------------------------- timing
 
 
-def _graph_ms(calls: list[Callable[[], object]], replays: int = 15, budget_ms: float = 300.0) -> dict:
+def graph_ms(calls: list[Callable[[], object]], replays: int = 15, budget_ms: float = 300.0) -> dict:
     """Per-call time of `calls` captured back to back in one CUDA graph (median over replays,
     fewer replays, at least 3, when one replay is long)."""
     for c in calls:  # warm-up: compile, allocate counters, load modules
@@ -124,7 +124,7 @@ def _record(kernel: str, calls: list, bytes_: int, copy_tbps: float, *, graph: b
     rec = {"kernel": kernel, "bytes": int(bytes_)}
     try:
         if graph:
-            rec.update(_graph_ms(calls))
+            rec.update(graph_ms(calls))
         rec["do_bench_ms"] = _do_bench_ms(calls[0])
         if not graph:
             rec["median_ms"] = rec["do_bench_ms"]

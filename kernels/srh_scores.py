@@ -130,6 +130,14 @@ def _srh_stats_kernel(
 
 
 @triton.jit
+def _fold(prev, score, REDUCE_MAX: tl.constexpr):
+    """Combine a score with what is already there: max or sum."""
+    if REDUCE_MAX:
+        return tl.maximum(prev, score)
+    return prev + score
+
+
+@triton.jit
 def _srh_score_kernel(
     Q, KVH, K, LENS, LSE, OUT,
     qk_scale, chunk, n_max, n_batch,
@@ -171,11 +179,7 @@ def _srh_score_kernel(
             optrs = OUT + b64 * sob + rn * son
             omask = rn < hi
             if ACCUMULATE or h > 0:  # later heads add to what this program stored for the earlier ones
-                prev = tl.load(optrs, mask=omask, other=0.0)
-                if REDUCE_MAX:
-                    score = tl.maximum(prev, score)
-                else:
-                    score = prev + score
+                score = _fold(tl.load(optrs, mask=omask, other=0.0), score, REDUCE_MAX)
             tl.store(optrs, score, mask=omask)
         if h + 1 < HS:
             tl.debug_barrier()  # this program's stores are visible to its own threads before the next head
@@ -215,11 +219,7 @@ def _srh_prob_kernel(
         optrs = OUT + b64 * sob + rn * son
         omask = rn < n_max
         if ACCUMULATE:
-            prev = tl.load(optrs, mask=omask, other=0.0)
-            if REDUCE_MAX:
-                score = tl.maximum(prev, score)
-            else:
-                score = prev + score
+            score = _fold(tl.load(optrs, mask=omask, other=0.0), score, REDUCE_MAX)
         tl.store(optrs, score, mask=omask)
 
 

@@ -21,7 +21,7 @@ import triton.language as tl
 from dustin_kernels import sparse_verify_attention
 from dustin_kernels._util import pdl_supported
 
-from dustin_eval.bench_attention import environment, random_index_sets, verify_buffers
+from dustin_eval.bench_attention import environment, graph_ms, random_index_sets, verify_buffers
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -68,25 +68,9 @@ def _gather_sum(IDX, K, V, OUT, rows_per_prog, n_splits, n_ctx,
     tl.store(OUT + (pair * n_splits + split) * D + rd, tl.sum(acc, 0).to(OUT.dtype.element_ty))
 
 
-def graph_us(fn, n: int = 24, replays: int = 15) -> float:
-    """Median per-call time (us) of n calls captured back to back in one CUDA graph."""
-    fn(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    return sorted(times)[replays // 2] * 1e3
+def graph_us(fn, n: int = 24) -> float:
+    """Median per-call time (us) of fn(0..n-1) captured back to back in one CUDA graph."""
+    return graph_ms([lambda i=i: fn(i) for i in range(n)])["median_ms"] * 1e3
 
 
 def main(path: str) -> None:

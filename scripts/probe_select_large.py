@@ -11,29 +11,15 @@ import torch
 from dustin_kernels import select_indices_ref
 from dustin_kernels.select import select_indices
 
+from dustin_eval.bench_attention import graph_ms
+
 B, N, S = 32, 65541, 512
 KW = dict(budget=S, sinks=4, window=64, m=200)
 
 
-def graph_us(fn, n: int = 40, replays: int = 10) -> float:
-    """Median per-call time (us) of n calls captured in one CUDA graph."""
-    g = torch.cuda.CUDAGraph()
-    fn(0)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    return sorted(times)[replays // 2] * 1e3
+def graph_us(fn, n: int = 40) -> float:
+    """Median per-call time (us) of fn(0..n-1) captured back to back in one CUDA graph."""
+    return graph_ms([lambda i=i: fn(i) for i in range(n)])["median_ms"] * 1e3
 
 
 def main() -> None:
