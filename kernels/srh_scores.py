@@ -301,8 +301,8 @@ def srh_scores(
     p_size = torch.finfo(p_dtype).bits // 8
     if store_probs is None:  # measured (probe-srh-round4b-*.json): with stores pass 1 runs at ~60% of bandwidth, ~90% without
         store_probs = 4 * M * p_size <= D * k_cache.element_size()
-    store_probs = bool(store_probs) and B * HS * M * n_blocks * block_n * p_size <= PROBS_MAX_BYTES
     pstride = block_n + (1 if probs_pad is None else int(probs_pad))  # odd: stores straight from the MMA layout
+    store_probs = bool(store_probs) and B * HS * M * n_blocks * pstride * p_size <= PROBS_MAX_BYTES
     pr = torch.empty(B * HS * M * n_blocks * pstride if store_probs else 1, dtype=p_dtype, device=q.device)
     cb = torch.empty(B * HS * n_blocks * BLOCK_M if store_probs else 1, dtype=torch.float32, device=q.device)
     _srh_stats_kernel[(HS, splits, B)](

@@ -77,6 +77,15 @@ def make_tiny_hf(kind: str, folder, seed: int = 0, **overrides):
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny ops: one intra-op thread for a module (two threads spin-wait badly on a shared 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def tiny_hf(tmp_path):
     """Factory: tiny_hf(kind, **overrides) -> (folder, hf_model)."""

@@ -15,13 +15,7 @@ from dustin_runtime.sparse import SparseConfig
 from dustin_runtime.speculative import speculative_generate
 from tests.cli.test_decode_cli import tiny_with_tokenizer
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -31,13 +31,7 @@ def noisy_copy(folder, scale=0.6, seed=12):
     return draft
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops: one intra-op thread (two threads spin-wait badly on a shared 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
