@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 import json
 import os
 import platform
@@ -17,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from dustin_runtime.files import atomic_path, atomic_write
 
 SCHEMA_VERSION = 1
 _REPO = Path(__file__).resolve().parents[1]
@@ -102,13 +105,8 @@ def write_result_json(
     path: str | Path, rows: Sequence[Mapping[str, Any]], prov: Mapping[str, Any], **fields
 ) -> Path:
     """JSON result file: `schema_version`, `provenance`, `rows` and any extra top-level fields."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema_version": SCHEMA_VERSION, "provenance": dict(prov), **fields, "rows": list(rows)}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def _columns(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None) -> list[str]:
@@ -141,16 +139,14 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | N
 def write_csv(
     path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
 ) -> Path:
-    """CSV of the rows, columns in first-seen order unless given."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """CSV of the rows, columns in first-seen order unless given (written atomically)."""
     cols = _columns(rows, columns)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: row.get(c) for c in cols})
-    return path
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: row.get(c) for c in cols})
+    return atomic_write(path, buf.getvalue())
 
 
 def write_markdown(
@@ -160,8 +156,6 @@ def write_markdown(
     prov: Mapping[str, Any],
 ) -> Path:
     """A Markdown file: title, provenance lines (command, commit, device, models), then tables."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(prov.get("command", []))
     head = [
         f"# {title}",
@@ -178,8 +172,7 @@ def write_markdown(
         if heading:
             body += [f"## {heading}", ""]
         body += [table]
-    path.write_text("\n".join(head + body), encoding="utf-8")
-    return path
+    return atomic_write(path, "\n".join(head + body))
 
 
 def plot_score_vs_budget(
@@ -227,7 +220,6 @@ def plot_score_vs_budget(
     if any(r.get("budget") is not None for r in rows):
         ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
-    return path
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=150)
+    return Path(path)

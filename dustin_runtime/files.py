@@ -1,0 +1,222 @@
+"""Crash-safe files: atomic writes (temp file in the same folder, flush, fsync, rename, fsync the
+folder), durable appends of JSONL lines, a lock on an output folder, and the resume key of a run.
+
+A kill at any point leaves either the old file or the new one, never a torn one; the lock keeps two
+runs off one output; the resume key refuses to mix records made with other settings."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from dustin_runtime.errors import DustinError
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename or a new file in `folder` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def make_dir(folder: str | Path, what: str = "output folder") -> Path:
+    """mkdir -p with one clear error (a file in the way, no permission)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DustinError(f"{folder}: cannot be the {what}: a file of that name exists") from None
+    except OSError as e:
+        raise DustinError(f"{folder}: cannot create the {what} ({e.strerror or e})") from None
+    return folder
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path beside `path` for a writer that takes a file name (parquet, PNG, safetensors,
+    torch.save); on success it is fsynced and renamed over `path`, on failure removed. The temp
+    name is hidden and keeps the extension (writers such as matplotlib read the format from it)."""
+    path = Path(path)
+    make_dir(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    except OSError as e:
+        raise DustinError(f"{path.parent}: cannot write there ({e.strerror or e})") from None
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            raise DustinError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` (text as UTF-8) to `path` atomically and durably."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+def move_into(src: str | Path, dst: str | Path) -> Path:
+    """Publish a finished file: fsync it and rename it over `dst` (same file system), then fsync
+    the folder."""
+    src, dst = Path(src), Path(dst)
+    try:
+        with open(src, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(src, dst)
+    except OSError as e:
+        raise DustinError(f"{dst}: cannot write ({e.strerror or e})") from None
+    fsync_dir(dst.parent)
+    return dst
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (newline added) and fsync it; a kill can tear only this last line."""
+    path = Path(path)
+    new = not path.exists()
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line.rstrip("\n") + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise DustinError(f"{path}: cannot append ({e.strerror or e})") from None
+    if new:
+        fsync_dir(path.parent)
+
+
+def read_json(path: str | Path, what: str = "JSON file"):
+    """The JSON value in `path`, or None when the file is missing, empty or torn (a kill during
+    a non-atomic write leaves those)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DustinError(f"{path}: unreadable {what} ({e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+class FolderLock:
+    """An exclusive `fcntl.flock` on `<folder>/<name>`, held while the run lasts; a second run on the
+    same folder is refused with one line naming the holder's pid. Re-entrant within a process (the
+    CLI locks before loading models, the harness it calls locks again). The kernel drops the lock
+    when the process dies, so a killed run never leaves a stale lock."""
+
+    _held: dict[str, tuple[int, int]] = {}  # lock file -> (fd, depth) of this process
+
+    def __init__(self, folder: str | Path, name: str = ".dustin.lock"):
+        self.path = make_dir(folder) / name
+        self._key = str(self.path.resolve())
+
+    def __enter__(self) -> FolderLock:
+        if self._key in self._held:
+            fd, depth = self._held[self._key]
+            self._held[self._key] = (fd, depth + 1)
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise DustinError(f"{self.path.parent}: cannot lock this output folder ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DustinError(f"{self.path.parent} is in use by another dustin run (pid {holder}); "
+                                  "wait for it or choose another output") from None
+            raise DustinError(f"{self.path}: cannot lock ({e.strerror or e})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._held[self._key] = (fd, 1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fd, depth = self._held[self._key]
+        if depth > 1:
+            self._held[self._key] = (fd, depth - 1)
+            return
+        del self._held[self._key]
+        os.close(fd)  # releases the flock
+
+
+def _show(v) -> str:
+    s = json.dumps(v, sort_keys=True, default=str)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(setting, old, new) for each differing setting; under "runs" (label -> settings of one
+    policy run) only the labels both hold are compared: a run may add policies or budgets."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if k == "runs" and isinstance(a, dict) and isinstance(b, dict):
+            out += [(f"{label}.{s}", x, y) for label in sorted(set(a) & set(b))
+                    for s, x, y in _differences(a[label], b[label])]
+        elif a != b:
+            out.append((k, a, b))
+    return out
+
+
+def check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...] = (), *, restart: bool = False,
+                     where: str | None = None) -> None:
+    """The resume check of a run whose records (files or folders) are `records`; `key` holds every
+    setting that changes them (under "runs", label -> the settings of each policy run). The first
+    run stores the key at `path` before any record; a later run resumes when no shared setting
+    differs (new runs are added to the stored key) and is refused with one line naming the
+    differing settings otherwise. `restart` deletes the records and stores the new key. Records
+    without a readable key (an older dustin made them) are refused too: their settings are unknown."""
+    path = Path(path)
+    where = where or str(path.parent)
+    key = json.loads(json.dumps(key, default=str))  # compare as stored
+    present = [p for p in records if p.exists()]
+    old = None if restart else read_json(path, "resume key")
+    if old is None and present and not restart:
+        raise DustinError(f"{where} holds records without a resume key ({present[0].name}; made by an older "
+                          "dustin or half-written), so their settings are unknown; pass --restart to discard them")
+    if old is not None:
+        diff = _differences(old if isinstance(old, dict) else {}, key)
+        if diff:
+            shown = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff[:4])
+            more = f" (+{len(diff) - 4} more)" if len(diff) > 4 else ""
+            raise DustinError(f"{where} holds records made with other settings ({shown}{more}); "
+                              "pass --restart to discard them, or choose another output")
+        if isinstance(old.get("runs"), dict) and isinstance(key.get("runs"), dict):
+            key["runs"] = {**old["runs"], **key["runs"]}
+        if key == old:
+            return
+    else:
+        for p in present:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+    atomic_write(path, json.dumps(key, indent=1, sort_keys=True) + "\n")
