@@ -24,7 +24,15 @@ def book_paths(books_dir: str | Path) -> list[Path]:
     return paths
 
 
+def read_book(path: Path) -> str:
+    """A book's text; a file that is not UTF-8 is refused with one line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DustinError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
 def read_filler(books_dir: str | Path, max_books: int | None = None) -> str:
     """The books of a folder joined by blank lines (in name order), as passkey filler text."""
     paths = book_paths(books_dir)[:max_books]
-    return "\n\n".join(p.read_text(encoding="utf-8") for p in paths)
+    return "\n\n".join(read_book(p) for p in paths)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dustin_runtime.errors import DustinError
 
-from .corpus import book_paths
+from .corpus import book_paths, read_book
 from .tokens import encode
 
 
@@ -54,7 +54,7 @@ def iter_windows(
     for path in book_order(books_dir, seed):
         if max_windows is not None and produced >= max_windows:
             return
-        ids = encode(tokenizer, path.read_text(encoding="utf-8"), add_special_tokens=False)
+        ids = encode(tokenizer, read_book(path), add_special_tokens=False)
         count = len(ids) // window_tokens
         if max_windows_per_book is not None:
             count = min(count, max_windows_per_book)

@@ -60,7 +60,11 @@ def _files(spec: str) -> list[Path]:
 def _records(path: Path, field: str) -> list[str]:
     if path.suffix == ".jsonl":
         texts = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise DustinError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
@@ -87,7 +91,7 @@ def read_documents(specs: list[str] | tuple[str, ...], text_field: str = "text")
     for spec in specs:
         for f in _files(spec):
             if f.suffix in TEXT_SUFFIXES:
-                docs.append(Document(str(f), f.read_text(errors="replace")))
+                docs.append(Document(str(f), f.read_text(encoding="utf-8", errors="replace")))
             else:
                 docs.extend(Document(f"{f}:{i}", t) for i, t in enumerate(_records(f, text_field)))
     if not docs:

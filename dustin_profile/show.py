@@ -5,6 +5,38 @@ from __future__ import annotations
 from pathlib import Path
 
 from dustin_profile.artifact import Profile
+from dustin_runtime.errors import DustinError
+
+COLUMNS = {"budgets": ("method", "budget", "arr", "m"), "rounds": ("round", "added", "m", "arr", "gain")}
+
+
+def _table(prof: Profile, folder: Path | None, name: str):
+    """A parquet table named in the profile as a DataFrame, None when absent; a damaged one, or one
+    without the expected columns, is refused with one line."""
+    if folder is None or name not in prof.tables or not (folder / prof.tables[name]).is_file():
+        return None
+    import pandas as pd
+
+    path = folder / prof.tables[name]
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise DustinError(f"{path}: not a readable parquet table ({type(e).__name__}: {first})") from None
+    missing = [c for c in COLUMNS[name] if c not in df.columns]
+    if missing:
+        raise DustinError(f"{path}: not a profile {name} table (no column {missing[0]!r})")
+    return df
+
+
+def _sub(d: dict, key: str) -> dict:
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _num(d: dict, key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _added(r) -> str:
@@ -14,8 +46,8 @@ def _added(r) -> str:
     return "(stop)" if r["round"] else "-"
 
 
-def _pct(x: float) -> str:
-    return f"{x:.2%}"
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2%}"
 
 
 def render(prof: Profile, folder: Path | None = None) -> list:
@@ -38,18 +70,18 @@ def render(prof: Profile, folder: Path | None = None) -> list:
         ("gamma / budget / sinks / window", f"{prof.gamma} / {prof.budget} / {prof.sinks} / {prof.window}"),
         ("m (draft share of the budget)", f"{prof.m} of {prof.budget - prof.sinks - prof.window}"),
         ("ARR", f"{prof.arr:.4f}"),
-        ("estimator cost", f"{_pct(prof.online_cost.get('share', float('nan')))} of the full cache's bytes per step "
+        ("estimator cost", f"{_pct(_num(prof.online_cost, 'share'))} of the full cache's bytes per step "
                            f"({len(prof.draft_heads)} draft + {len(prof.target_heads)} target KV heads)"),
         ("calibration", str(cal.get("description", ""))),
         ("calibration sha256", str(cal.get("sha256", ""))[:16]),
     ]
-    if "mean_accepted" in cal:
-        rows.append(("mean accepted drafts", f"{cal['mean_accepted']:.2f} of {prof.gamma}"))
-    run = cal.get("run") or {}
+    if _num(cal, "mean_accepted") is not None:
+        rows.append(("mean accepted drafts", f"{_num(cal, 'mean_accepted'):.2f} of {prof.gamma}"))
+    run = _sub(cal, "run")
     if run:
-        rows.append(("run", f"{run.get('device')} {run.get('dtype')}, {run.get('seconds', {}).get('total')} s"))
+        rows.append(("run", f"{run.get('device')} {run.get('dtype')}, {_sub(run, 'seconds').get('total')} s"))
         if run.get("command"):
-            rows.append(("command", run["command"]))
+            rows.append(("command", str(run["command"])))
     for k, v in rows:
         t.add_row(k, v)
     out.append(t)
@@ -71,10 +103,8 @@ def render(prof: Profile, folder: Path | None = None) -> list:
         t.add_row(k, f"{v:.4f}", f"{v - prof.arr:+.4f}")
     out.append(t)
 
-    if folder is not None and "budgets" in prof.tables and (folder / prof.tables["budgets"]).is_file():
-        import pandas as pd
-
-        df = pd.read_parquet(folder / prof.tables["budgets"])
+    df = _table(prof, folder, "budgets")
+    if df is not None:
         wide = df.pivot(index="method", columns="budget", values="arr")
         t = Table(title="ARR vs budget")
         t.add_column("method")
@@ -93,10 +123,8 @@ def render(prof: Profile, folder: Path | None = None) -> list:
             t.add_row(str(b), str(m))
         out.append(t)
 
-    if folder is not None and "rounds" in prof.tables and (folder / prof.tables["rounds"]).is_file():
-        import pandas as pd
-
-        df = pd.read_parquet(folder / prof.tables["rounds"])
+    df = _table(prof, folder, "rounds")
+    if df is not None:
         t = Table(title="greedy rounds (Algorithm 1)")
         for c in ("round", "added", "m", "ARR", "gain"):
             t.add_column(c, justify="right")
@@ -114,11 +142,9 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
     rounds as markdown, for results/ READMEs."""
     lines = [f"Target `{prof.target.id}`, draft `{prof.draft.id}`; gamma {prof.gamma}, S = {prof.budget}, "
              f"sinks {prof.sinks}, window {prof.window}, m = {prof.m}. {prof.calibration.get('description', '')}.", ""]
-    budgets = None
-    if folder is not None and (folder / prof.tables.get("budgets", "-")).is_file():
-        import pandas as pd
-
-        budgets = pd.read_parquet(folder / prof.tables["budgets"]).pivot(index="method", columns="budget", values="arr")
+    budgets = _table(prof, folder, "budgets")
+    if budgets is not None:
+        budgets = budgets.pivot(index="method", columns="budget", values="arr")
     cols = [] if budgets is None else [b for b in budgets.columns if b != prof.budget]
     lines.append("| method | ARR at S = " + str(prof.budget) + " | " + " | ".join(f"S = {b}" for b in cols) + " |")
     lines.append("| --- | ---: |" + " ---: |" * len(cols))
@@ -130,12 +156,10 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
     for who, heads in (("draft", prof.draft_heads), ("target", prof.target_heads)):
         lines += [f"| {who} | {h.layer} | {h.kv_head} | {','.join(map(str, h.query_heads))} |" for h in heads]
     cost = prof.online_cost
-    lines += ["", f"Estimator cost: {cost.get('share', float('nan')):.2%} of the full K+V cache bytes per step "
+    lines += ["", f"Estimator cost: {_pct(_num(cost, 'share'))} of the full K+V cache bytes per step "
                   f"({cost.get('draft_kv_heads')} draft + {cost.get('target_kv_heads')} target KV heads, one pass over their keys)."]
-    if folder is not None and (folder / prof.tables.get("rounds", "-")).is_file():
-        import pandas as pd
-
-        df = pd.read_parquet(folder / prof.tables["rounds"])
+    df = _table(prof, folder, "rounds")
+    if df is not None:
         lines += ["", "| round | added | m | ARR | gain |", "| ---: | --- | ---: | ---: | ---: |"]
         for _, r in df.iterrows():
             lines.append(f"| {r['round']} | {_added(r)} | {r['m']} | {r['arr']:.4f} | "

@@ -4,7 +4,6 @@ Mistral, SmolLM2), read from a Hugging Face `config.json` dictionary."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from dustin_runtime.errors import DustinError
 
@@ -88,14 +87,6 @@ class ModelConfig:
         return replace(self, name=name)
 
 
-def _as_tuple(x: Any) -> tuple[int, ...]:
-    if x is None:
-        return ()
-    if isinstance(x, (list, tuple)):
-        return tuple(int(v) for v in x)
-    return (int(x),)
-
-
 def _rope_from_hf(d: dict) -> RopeConfig:
     params = dict(d.get("rope_parameters") or {})
     scaling = d.get("rope_scaling") or {}
@@ -130,8 +121,30 @@ def _rope_from_hf(d: dict) -> RopeConfig:
     )
 
 
-def config_from_hf(d: dict, name: str = "") -> ModelConfig:
-    """Build a `ModelConfig` from a Hugging Face config dictionary; refuses what we cannot run."""
+def _positive_int(d: dict, key: str, where: str, default: int | None = None) -> int:
+    v = d.get(key)
+    if v is None:
+        if default is None:
+            raise DustinError(f"{where}: missing {key!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+        raise DustinError(f"{where}: {key} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _ids(d: dict, key: str, where: str) -> tuple[int, ...]:
+    v = d.get(key)
+    vals = [] if v is None else v if isinstance(v, list) else [v]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
+        raise DustinError(f"{where}: {key} must be a token id or a list of them, got {v!r}")
+    return tuple(vals)
+
+
+def config_from_hf(d: dict, name: str = "", source: str = "config.json") -> ModelConfig:
+    """Build a `ModelConfig` from a Hugging Face config dictionary; refuses what we cannot run, and
+    a malformed dictionary, with one line naming `source` and the field."""
+    if not isinstance(d, dict):
+        raise DustinError(f"{source}: expected a JSON object, got {type(d).__name__}")
     arch = d.get("model_type")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise DustinError(
@@ -143,10 +156,13 @@ def config_from_hf(d: dict, name: str = "") -> ModelConfig:
         raise DustinError(f"unsupported activation {act!r}: only SwiGLU (silu) MLPs are supported")
     if d.get("mlp_bias"):
         raise DustinError("MLP biases are not supported")
-    hidden = int(d["hidden_size"])
-    heads = int(d["num_attention_heads"])
-    kv_heads = int(d.get("num_key_value_heads") or heads)
-    head_dim = int(d.get("head_dim") or hidden // heads)
+    for key in ("rope_parameters", "rope_scaling"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise DustinError(f"{source}: {key} must be an object, got {d[key]!r}")
+    hidden = _positive_int(d, "hidden_size", source)
+    heads = _positive_int(d, "num_attention_heads", source)
+    kv_heads = _positive_int(d, "num_key_value_heads", source, default=heads)
+    head_dim = _positive_int(d, "head_dim", source, default=max(1, hidden // heads))
     if heads % kv_heads:
         raise DustinError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     attention_bias = bool(d.get("attention_bias", False))
@@ -155,28 +171,33 @@ def config_from_hf(d: dict, name: str = "") -> ModelConfig:
         attention_bias, o_bias = True, False
     window = None
     if arch == "mistral" and d.get("sliding_window"):
-        window = int(d["sliding_window"])
+        window = _positive_int(d, "sliding_window", source)
     if arch in ("qwen2", "qwen3") and d.get("use_sliding_window") and d.get("sliding_window"):
-        window = int(d["sliding_window"])
-    eos = _as_tuple(d.get("eos_token_id"))
+        window = _positive_int(d, "sliding_window", source)
+    try:
+        rope = _rope_from_hf(d)
+        rms_eps = float(d.get("rms_norm_eps", 1e-6))
+    except (TypeError, ValueError) as e:
+        raise DustinError(f"{source}: malformed rope or norm field ({e})") from None
+    bos = d.get("bos_token_id")
     return ModelConfig(
         arch=arch,
-        vocab_size=int(d["vocab_size"]),
+        vocab_size=_positive_int(d, "vocab_size", source),
         hidden_size=hidden,
-        intermediate_size=int(d["intermediate_size"]),
-        num_layers=int(d["num_hidden_layers"]),
+        intermediate_size=_positive_int(d, "intermediate_size", source),
+        num_layers=_positive_int(d, "num_hidden_layers", source),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=int(d.get("max_position_embeddings") or 4096),
-        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope=_rope_from_hf(d),
+        max_position_embeddings=_positive_int(d, "max_position_embeddings", source, default=4096),
+        rms_eps=rms_eps,
+        rope=rope,
         attention_bias=attention_bias,
         o_bias=o_bias,
         qk_norm=arch == "qwen3",
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_ids=eos,
+        bos_token_id=(_ids(d, "bos_token_id", source) or (None,))[0] if bos is not None else None,
+        eos_token_ids=_ids(d, "eos_token_id", source),
         sliding_window=window,
-        name=name or d.get("_name_or_path", "") or "",
+        name=name or str(d.get("_name_or_path", "") or ""),
     )

@@ -17,6 +17,7 @@ import torch
 
 from dustin_runtime.config import ModelConfig, config_from_hf
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import atomic_path, atomic_write
 from dustin_runtime.model import Transformer
 
 SMOLLM2_ALIAS = "smollm2"
@@ -34,9 +35,28 @@ class Checkpoint:
     path: Path  # the folder (hf) or the .gguf file (gguf)
     model_id: str  # what the user asked for, kept for provenance
 
-    @property
-    def folder(self) -> Path:
-        return self.path if self.kind == "hf" else self.path.parent
+    def weight_files(self) -> list[Path]:
+        """The files holding the weights (the .gguf, or the folder's safetensors and index)."""
+        if self.kind == "gguf":
+            return [self.path]
+        return sorted(self.path.glob("*.safetensors")) + sorted(self.path.glob("*.safetensors.index.json"))
+
+    def weights_fingerprint(self) -> str:
+        """A cheap content fingerprint of the weights (each file's name, size and 16 blocks of 64 KiB
+        spread over it, first and last included): retraining or replacing them changes it. For
+        resume keys, not for integrity."""
+        h = hashlib.sha256()
+        for f in self.weight_files():
+            try:
+                size = f.stat().st_size
+                h.update(f"{f.name}:{size}".encode())
+                with open(f, "rb") as fh:
+                    for i in range(16):
+                        fh.seek(max(0, size - 65536) * i // 15)
+                        h.update(fh.read(65536))
+            except OSError as e:
+                raise DustinError(f"{f}: unreadable ({e.strerror or e})") from None
+        return h.hexdigest()[:16]
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -92,59 +112,92 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
 def read_config(ckpt: Checkpoint) -> ModelConfig:
     """The model config of a checkpoint (validated: unsupported architectures are refused)."""
     if ckpt.kind == "hf":
+        path = ckpt.path / "config.json"
         try:
-            d = json.loads((ckpt.path / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise DustinError(f"{ckpt.path / 'config.json'}: unreadable ({e})") from None
-    else:
-        d = _gguf_config(ckpt.path)
-    return config_from_hf(d, name=ckpt.model_id)
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DustinError(f"{path}: unreadable ({type(e).__name__}: {_first_line(e)})") from None
+        return config_from_hf(d, name=ckpt.model_id, source=str(path))
+    return config_from_hf(_gguf_config(ckpt.path), name=ckpt.model_id, source=str(ckpt.path))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _gguf_config(path: Path) -> dict:
-    """The Hugging Face config dict of a GGUF file (from the conversion cache when present)."""
+    """The Hugging Face config dict of a GGUF file (from a verified conversion cache when present)."""
     cached = _gguf_cache_file(path)
-    if cached.is_file():
+    if _cache_ok(cached):
         from safetensors import safe_open
 
-        with safe_open(str(cached), framework="pt") as h:
-            meta = h.metadata() or {}
-        if "config" in meta:
+        try:
+            with safe_open(str(cached), framework="pt") as h:
+                meta = h.metadata() or {}
             return json.loads(meta["config"])
+        except Exception:  # a cache that does not parse: the tensor getter rebuilds it
+            pass
     return _gguf_meta(path)["config"]
 
 
 def _gguf_meta(path: Path, tensors: bool = False, hf_model=None) -> dict:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # stderr stays free for one error line
+    try:
+        meta = load_gguf_checkpoint(str(path), return_tensors=tensors, model_to_load=hf_model)
+    except Exception as e:  # a damaged file fails anywhere in the third-party parser (IndexError, ValueError, ...)
+        raise DustinError(f"{path}: cannot read this GGUF file ({type(e).__name__}: {_first_line(e)})") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if not isinstance(meta.get("config"), dict):
+        raise DustinError(f"{path}: this GGUF file holds no model config")
+    return meta
+
+
+def _open_safetensors(path: Path):
+    """A safetensors handle, or one clear line for a missing, truncated or corrupt file."""
+    from safetensors import SafetensorError, safe_open
 
     try:
-        return load_gguf_checkpoint(str(path), return_tensors=tensors, model_to_load=hf_model)
-    except (ValueError, KeyError) as e:
-        raise DustinError(f"{path}: cannot read this GGUF file ({e})") from None
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise DustinError(f"{path}: not a readable safetensors file ({_first_line(e)})") from None
 
 
 def _hf_tensor_getter(folder: Path) -> tuple[Callable[[str], torch.Tensor], set[str]]:
     """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map is not an object of file names")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DustinError(f"{index}: unreadable index ({type(e).__name__}: {_first_line(e)})") from None
     else:
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise DustinError(f"{folder}: no .safetensors weights found")
         weight_map = {}
         for f in files:
-            with safe_open(f, framework="pt") as h:
+            with _open_safetensors(f) as h:
                 weight_map.update({k: f.name for k in h.keys()})
     handles: dict[str, object] = {}
 
     def get(name: str) -> torch.Tensor:
         fname = weight_map[name]
         if fname not in handles:
-            handles[fname] = safe_open(folder / fname, framework="pt")
-        return handles[fname].get_tensor(name)
+            handles[fname] = _open_safetensors(folder / fname)
+        try:
+            return handles[fname].get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise DustinError(f"{folder / fname}: cannot read tensor {name} ({_first_line(e)})") from None
 
     return get, set(weight_map)
 
@@ -156,31 +209,82 @@ def _gguf_cache_file(path: Path) -> Path:
     return root / "gguf" / f"{path.stem}-{key}.safetensors"
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp_of(cached: Path) -> Path:
+    return cached.with_suffix(".stamp.json")
+
+
+def _cache_ok(cached: Path) -> bool:
+    """Whether a conversion cache file is the one its stamp describes: same size and mtime (cheap),
+    or, after a copy or a touch, the same sha256 (then re-stamped). No stamp (a kill between the
+    file and its stamp, an older dustin) or any difference means rebuild."""
+    try:
+        stamp = json.loads(_stamp_of(cached).read_text(encoding="utf-8"))
+        st = cached.stat()
+        if st.st_size != stamp["size"]:
+            return False
+        if st.st_mtime_ns == stamp["mtime_ns"]:
+            return True
+        if _sha256(cached) != stamp["sha256"]:
+            return False
+        _write_stamp(cached, stamp["sha256"])
+        return True
+    except (OSError, ValueError, KeyError, TypeError, DustinError):
+        return False
+
+
+def _write_stamp(cached: Path, sha256: str) -> None:
+    st = cached.stat()
+    atomic_write(_stamp_of(cached), json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}))
+
+
+def _build_gguf_cache(path: Path, cached: Path) -> dict[str, torch.Tensor]:
+    """Dequantise a GGUF through transformers and keep a float32 safetensors copy at `cached`
+    (written atomically, then its stamp); returns the tensors."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    meta = _gguf_meta(path)
+    try:
+        with torch.device("meta"):
+            hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**meta["config"]))
+    except Exception as e:
+        raise DustinError(f"{path}: unsupported GGUF model config ({type(e).__name__}: {_first_line(e)})") from None
+    tensors = _gguf_meta(path, tensors=True, hf_model=hf)["tensors"]
+    _stamp_of(cached).unlink(missing_ok=True)
+    try:
+        with atomic_path(cached) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                      metadata={"config": json.dumps(meta["config"])})
+        _write_stamp(cached, _sha256(cached))
+    except (OSError, DustinError):
+        pass  # a read-only or full cache: use the tensors in memory
+    return tensors
+
+
 def _gguf_tensor_getter(path: Path) -> tuple[Callable[[str], torch.Tensor], set[str]]:
     """Dequantised GGUF tensors under Hugging Face names. The first load dequantises through
     transformers (seconds) and keeps a float32 safetensors copy in ~/.cache/dustin (or
-    $DUSTIN_CACHE) that later loads memory-map."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+    $DUSTIN_CACHE) that later loads memory-map; a cache file that does not match its stamp, or
+    does not parse, is rebuilt."""
+    from safetensors import SafetensorError, safe_open
 
     cached = _gguf_cache_file(path)
-    if not cached.is_file():
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        meta = _gguf_meta(path)
-        with torch.device("meta"):
-            hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**meta["config"]))
-        tensors = _gguf_meta(path, tensors=True, hf_model=hf)["tensors"]
+    if _cache_ok(cached):
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".tmp{os.getpid()}")
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
-                      metadata={"config": json.dumps(meta["config"])})
-            tmp.replace(cached)
-        except OSError:
-            return tensors.__getitem__, set(tensors)
-    handle = safe_open(str(cached), framework="pt")
-    return handle.get_tensor, set(handle.keys())
+            handle = safe_open(str(cached), framework="pt")
+            return handle.get_tensor, set(handle.keys())
+        except (SafetensorError, OSError):
+            pass
+    tensors = _build_gguf_cache(path, cached)
+    return tensors.__getitem__, set(tensors)
 
 
 def _strip_prefix(names: set[str]) -> Callable[[str], str]:
@@ -286,8 +390,3 @@ def random_model(
             else:
                 p.normal_(0.0, std, generator=g)
     return model.eval().requires_grad_(False)
-
-
-def hf_cache_dir() -> str:
-    """Where the Hugging Face cache lives (for messages)."""
-    return os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))

@@ -77,6 +77,17 @@ class PromptSpec:
     max_new_tokens: int
 
 
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise DustinError(f"{path}: no such file" + (" (a folder)" if path.is_dir() else ""))
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DustinError(f"{path}: {what} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise DustinError(f"{path}: unreadable ({e.strerror or e})") from None
+
+
 def read_prompts(
     prompt: str | None, prompt_file: Path | None, batch_file: Path | None, max_new_tokens: int
 ) -> list[PromptSpec]:
@@ -87,22 +98,24 @@ def read_prompts(
         raise DustinError("give exactly one of --prompt, --prompt-file, --batch-file")
     if prompt is not None:
         return [PromptSpec(prompt, max_new_tokens)]
-    path = prompt_file or batch_file
-    if not path.is_file():
-        raise DustinError(f"{path}: no such file")
     if prompt_file is not None:
-        return [PromptSpec(path.read_text(), max_new_tokens)]
+        return [PromptSpec(_read_text(prompt_file, "the prompt file"), max_new_tokens)]
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(_read_text(batch_file, "the batch file").splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-            out.append(PromptSpec(str(rec["prompt"]), int(rec.get("max_new_tokens", max_new_tokens))))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise DustinError(f"{path}:{i}: expected a JSON object with a \"prompt\" string") from None
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+            raise DustinError(f"{batch_file}:{i}: expected a JSON object with a \"prompt\" string")
+        n = rec.get("max_new_tokens", max_new_tokens)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise DustinError(f"{batch_file}:{i}: max_new_tokens must be a positive integer, got {n!r}")
+        out.append(PromptSpec(rec["prompt"], n))
     if not out:
-        raise DustinError(f"{path}: no prompts")
+        raise DustinError(f"{batch_file}: no prompts")
     return out
 
 
@@ -140,6 +153,11 @@ def decode(
     hooks: SpecHooks | None = None,
 ) -> DecodeOutput:
     """Decode a batch of text prompts: autoregressive without a draft, speculative with one."""
+    if gamma < 1:
+        raise DustinError(f"gamma (draft tokens per step) must be >= 1, got {gamma}")
+    bad = [p.max_new_tokens for p in prompts if p.max_new_tokens < 1]
+    if bad:
+        raise DustinError(f"max new tokens must be >= 1, got {bad[0]}")
     tok = target.tokenizer
     ids = [encode(tok, p.text, chat=chat) for p in prompts]
     max_new = [p.max_new_tokens for p in prompts]

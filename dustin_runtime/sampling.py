@@ -4,9 +4,12 @@ of speculative decoding (greedy matching, or exact rejection sampling, Leviathan
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from dustin_runtime.errors import DustinError
 
 
 @dataclass(frozen=True)
@@ -15,6 +18,13 @@ class SamplingConfig:
 
     temperature: float = 0.0
     top_p: float = 1.0
+
+    def __post_init__(self):
+        t, p = self.temperature, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise DustinError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:  # NaN fails too
+            raise DustinError(f"top-p must be in (0, 1] (1 keeps the whole distribution), got {p!r}")
 
     @property
     def greedy(self) -> bool:

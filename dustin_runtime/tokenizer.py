@@ -10,20 +10,32 @@ import logging
 from dustin_runtime.errors import DustinError
 from dustin_runtime.loader import Checkpoint
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
 
 def load_tokenizer(ckpt: Checkpoint):
-    """The Hugging Face tokenizer of a checkpoint."""
+    """The Hugging Face tokenizer of a checkpoint; a folder without tokenizer files, or a tokenizer
+    that does not load or holds no vocabulary, is refused with one line."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    if ckpt.kind == "hf" and not any((ckpt.path / f).is_file() for f in TOKENIZER_FILES):
+        raise DustinError(f"{ckpt.model_id}: no tokenizer files in this folder (one of {', '.join(TOKENIZER_FILES)}); "
+                          "copy the tokenizer of the model beside its config.json")
     try:
         if ckpt.kind == "gguf":
-            return AutoTokenizer.from_pretrained(str(ckpt.path.parent), gguf_file=ckpt.path.name)
-        return AutoTokenizer.from_pretrained(str(ckpt.path))
-    except Exception as e:
-        raise DustinError(f"{ckpt.model_id}: cannot load its tokenizer ({type(e).__name__}: {e})") from None
+            tok = AutoTokenizer.from_pretrained(str(ckpt.path.parent), gguf_file=ckpt.path.name)
+        else:
+            tok = AutoTokenizer.from_pretrained(str(ckpt.path))
+        size = len(tok.get_vocab())
+    except Exception as e:  # the many ways a damaged tokenizer fails inside transformers / tokenizers
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise DustinError(f"{ckpt.model_id}: cannot load its tokenizer ({type(e).__name__}: {first})") from None
+    if size == 0:
+        raise DustinError(f"{ckpt.model_id}: its tokenizer has an empty vocabulary")
+    return tok
 
 
 def vocab_hash(tokenizer) -> str:
