@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import get_args, get_origin, get_type_hints
 
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import atomic_write
+from dustin_runtime.sparse import SparseConfig, scale_m
 
 SCHEMA_VERSION = 1
 
@@ -63,13 +67,32 @@ class Profile:
     tables: dict[str, str] = field(default_factory=dict)  # name -> file beside the JSON
     schema_version: int = SCHEMA_VERSION
 
-    def m_for_budget(self, budget: int) -> int:
-        """Draft share at `budget`: the calibrated value, else the calibrated fraction scaled."""
-        if budget in self.m_by_budget:
-            return self.m_by_budget[budget]
-        free = self.budget - self.sinks - self.window
-        frac = self.m / free if free > 0 else 0.0
-        return max(0, min(budget - self.sinks - self.window, round(frac * (budget - self.sinks - self.window))))
+    @property
+    def has_heads(self) -> bool:
+        """Whether Algorithm 1 chose any retrieval head (a search whose first round gained less than
+        its epsilon chooses none, and such a profile cannot drive the dustin policy)."""
+        return bool(self.draft_heads or self.target_heads)
+
+    def to_sparse_config(self, budget: int | None = None, sinks: int | None = None, window: int | None = None,
+                         source: str = "") -> SparseConfig:
+        """The runtime's `SparseConfig` at `budget` (default the profile's): the profile's heads and
+        aggregation, its sinks/window unless overridden, and m = the calibrated m at that budget,
+        else the profile's m scaled by the runtime's one rule (`sparse.scale_m`), clipped to the
+        free rows."""
+        budget = self.budget if budget is None else budget
+        sinks = self.sinks if sinks is None else sinks
+        window = self.window if window is None else window
+        m = self.m_by_budget.get(budget)
+        if m is None:
+            m = scale_m(self.m, self.budget - self.sinks - self.window, budget - self.sinks - self.window)
+        free = budget - sinks - window
+
+        def heads(hs):
+            return tuple((h.layer, h.kv_head, tuple(h.query_heads)) for h in hs)
+
+        return SparseConfig(budget=budget, sinks=sinks, window=window, m=max(0, min(free, m)),
+                            draft_heads=heads(self.draft_heads), target_heads=heads(self.target_heads),
+                            aggregation=self.aggregation, source=source)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -80,13 +103,11 @@ class Profile:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-        return path
+        """Write the JSON atomically (a kill leaves the old file or the new one)."""
+        return atomic_write(path, self.to_json())
 
 
-def _build(cls, d: dict, where: str):
+def _build(cls, d: dict, where: str, skip: tuple[str, ...] = ()):
     if not isinstance(d, dict):
         raise DustinError(f"{where}: expected an object")
     names = {f.name for f in fields(cls)}
@@ -94,40 +115,96 @@ def _build(cls, d: dict, where: str):
     missing = sorted(required - set(d))
     if missing:
         raise DustinError(f"{where}: missing field(s) {', '.join(missing)}")
-    return {k: v for k, v in d.items() if k in names}
+    kw = {k: v for k, v in d.items() if k in names}
+    hints = get_type_hints(cls)
+    for k, v in kw.items():
+        if k not in skip and not _is(v, hints[k]):
+            raise DustinError(f"{where}: field {k} must be {_describe(hints[k])}, got {json.dumps(v)[:40]}")
+    return kw
+
+
+def _is(v, hint) -> bool:
+    """Whether a JSON value fits a field's type (bools are not numbers; numbers are finite)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if hint is str:
+        return isinstance(v, str)
+    if hint is dict or origin is dict:
+        return isinstance(v, dict) and (not args or all(_is(x, args[1]) for x in v.values()))
+    if origin is tuple:
+        return isinstance(v, list)
+    return isinstance(v, dict)  # a nested dataclass, built and checked by its own _build
+
+
+def _describe(hint) -> str:
+    if hint in (int, float, str):
+        return {int: "an integer", float: "a number", str: "a string"}[hint]
+    if hint is dict or get_origin(hint) is dict:
+        args = get_args(hint)
+        return "an object" + (f" of {_describe(args[1]).split(' ', 1)[1]}s" if args else "")
+    return "a list" if get_origin(hint) is tuple else "an object"
+
+
+def _head(h, where: str) -> HeadChoice:
+    if not (isinstance(h, dict) and _is(h.get("layer"), int) and _is(h.get("kv_head"), int)
+            and isinstance(h.get("query_heads"), list) and h["query_heads"]
+            and all(_is(q, int) for q in h["query_heads"])):
+        raise DustinError(f"{where}: each head must be {{\"layer\": int, \"kv_head\": int, "
+                          f"\"query_heads\": [int, ...]}}, got {json.dumps(h)[:60]}")
+    return HeadChoice(h["layer"], h["kv_head"], tuple(h["query_heads"]))
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile`; one clear `DustinError` for anything wrong."""
+    """Validate and build a `Profile`: field types, ranges and heads inside the models' shapes;
+    one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
     version = d.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads {SCHEMA_VERSION})")
-    kw = _build(Profile, d, source)
-    try:
-        kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
-        kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
-        for key in ("draft_heads", "target_heads"):
-            kw[key] = tuple(
-                HeadChoice(int(h["layer"]), int(h["kv_head"]), tuple(int(q) for q in h["query_heads"]))
-                for h in d[key]
-            )
-        kw["m_by_budget"] = {int(k): int(v) for k, v in d["m_by_budget"].items()}
-        prof = Profile(**kw)
-    except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise DustinError(f"{source}: malformed field ({type(e).__name__}: {e})") from None
+    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget"))
+    kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
+    kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
+    for key in ("draft_heads", "target_heads"):
+        if not isinstance(d[key], list):
+            raise DustinError(f"{source}: field {key} must be a list of heads")
+        kw[key] = tuple(_head(h, f"{source}: {key}") for h in d[key])
+    mb = d["m_by_budget"]
+    if not isinstance(mb, dict) or not all(k.lstrip("-").isdigit() and _is(v, int) for k, v in mb.items()):
+        raise DustinError(f"{source}: field m_by_budget must map budgets to integers, got {json.dumps(mb)[:40]}")
+    kw["m_by_budget"] = {int(k): v for k, v in mb.items()}
+    prof = Profile(**kw)
+    if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
+        raise DustinError(f"{source}: gamma {prof.gamma} and budget {prof.budget} must be >= 1, sinks "
+                          f"{prof.sinks} and window {prof.window} >= 0")
     if prof.budget < prof.sinks + prof.window:
         raise DustinError(
             f"{source}: budget {prof.budget} is smaller than sinks + window ({prof.sinks} + {prof.window})"
         )
     if not 0 <= prof.m <= prof.budget - prof.sinks - prof.window:
         raise DustinError(f"{source}: m = {prof.m} is outside [0, budget - sinks - window]")
+    bad = [b for b, m in prof.m_by_budget.items() if not 0 <= m <= b - prof.sinks - prof.window]
+    if bad:
+        raise DustinError(f"{source}: m_by_budget[{bad[0]}] is outside [0, budget - sinks - window]")
+    if prof.aggregation not in ("sum", "max"):
+        raise DustinError(f"{source}: aggregation must be 'sum' or 'max', got {prof.aggregation!r}")
+    for who, info in (("draft", prof.draft), ("target", prof.target)):
+        if min(info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) < 1 \
+                or info.num_heads % info.num_kv_heads:
+            raise DustinError(f"{source}: {who} shape ({info.num_layers} layers, {info.num_heads} heads, "
+                              f"{info.num_kv_heads} KV heads, head dim {info.head_dim}) is not a model's")
     for who, heads, info in (("draft", prof.draft_heads, prof.draft), ("target", prof.target_heads, prof.target)):
+        rep = info.num_heads // info.num_kv_heads
         for h in heads:
             if not (0 <= h.layer < info.num_layers and 0 <= h.kv_head < info.num_kv_heads):
                 raise DustinError(f"{source}: {who} head {h} is outside the model's {info.num_layers} layers "
                                   f"x {info.num_kv_heads} KV heads")
+            if any(q // rep != h.kv_head or q < 0 for q in h.query_heads):
+                raise DustinError(f"{source}: {who} head {h}: query heads {list(h.query_heads)} do not all use "
+                                  f"KV head {h.kv_head}")
     return prof
 
 
@@ -137,9 +214,9 @@ def load_profile(path: str | Path) -> Profile:
     if not path.is_file():
         raise DustinError(f"{path}: no such profile file")
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DustinError(f"{path}: not a readable JSON profile ({e})") from None
+        raise DustinError(f"{path}: not a readable JSON profile ({type(e).__name__}: {e})") from None
     return profile_from_dict(d, str(path))
 
 

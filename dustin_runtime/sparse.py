@@ -1,7 +1,8 @@
 """The sparse-verification configuration: budget, sinks, window, draft share m and the retrieval heads.
 
-The runtime never reads a profile artifact itself: `dustin/cli.py` turns a `dustin_profile.Profile`
-into a `SparseConfig` (and checks it was made for the loaded models)."""
+The runtime never reads a profile artifact itself: `dustin_profile.Profile.to_sparse_config` turns
+one into a `SparseConfig` (with `scale_m`, the one rule for m at another budget), and
+`dustin_eval.plan` checks it was made for the loaded models."""
 
 from __future__ import annotations
 
@@ -59,8 +60,7 @@ class SparseConfig:
     def with_budget(self, budget: int, m: int | None = None) -> SparseConfig:
         """The same heads at another budget; m scaled to keep its share of the free rows unless given."""
         if m is None:
-            free = budget - self.sinks - self.window
-            m = max(0, min(free, round(self.m / self.free * free))) if self.free > 0 else 0
+            m = scale_m(self.m, self.free, budget - self.sinks - self.window)
         return replace(self, budget=budget, m=m)
 
     def check_models(self, target: ModelConfig, draft: ModelConfig) -> None:
@@ -93,6 +93,12 @@ class SparseConfig:
             budget=budget, sinks=sinks, window=window, m=free // 2 if m is None else m,
             draft_heads=every_head(draft), target_heads=every_head(target), source="all heads",
         )
+
+
+def scale_m(m: int, free: int, new_free: int) -> int:
+    """The draft share m of `free` signal rows carried to `new_free` rows: the same fraction, rounded,
+    clipped to [0, new_free] (0 when there were no free rows)."""
+    return max(0, min(new_free, round(m / free * new_free))) if free > 0 else 0
 
 
 def every_head(cfg: ModelConfig) -> tuple[Head, ...]:

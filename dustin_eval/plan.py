@@ -1,0 +1,170 @@
+"""The policy runs of an evaluation or a decode, planned before any model loads: each policy at each
+budget, its `SparseConfig` once the pair is loaded (a profile's heads and m, every head, or none),
+the hooks factory the harnesses call, and what identifies a run in a resume key."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dustin_profile.artifact import Profile, check_models, config_hash, load_profile, model_info
+from dustin_runtime.errors import DustinError
+from dustin_runtime.sparse import (
+    DEFAULT_SINKS,
+    DEFAULT_WINDOW,
+    HEAD_POLICIES,
+    POLICIES,
+    SparseConfig,
+)
+
+DEFAULT_BUDGET = 512
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy at one budget (budget None for full verification)."""
+
+    policy: str
+    budget: int | None
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.budget is None else f"{self.policy}@{self.budget}"
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    """A validated profile with where it came from and its file's sha256."""
+
+    profile: Profile
+    path: str
+    sha256: str
+
+
+def read_profile(path: str | Path) -> LoadedProfile:
+    """Load and validate a profile JSON once (it is shared by every run of a command)."""
+    prof = load_profile(path)
+    return LoadedProfile(prof, str(path), hashlib.sha256(Path(path).read_bytes()).hexdigest())
+
+
+@dataclass(frozen=True)
+class SparsePlan:
+    """--policy / --profile / --budget / --sinks / --window / --all-heads of one run, checked; `config`
+    turns it into the SparseConfig of the loaded pair (None for full)."""
+
+    policy: str
+    budget: int | None
+    sinks: int
+    window: int
+    profile: LoadedProfile | None = None
+    all_heads: bool = False
+
+    def config(self, target, draft) -> SparseConfig | None:
+        """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
+        against them."""
+        if self.policy == "full":
+            return None
+        if self.profile is not None:
+            p = self.profile
+            check_models(p.profile, model_identity(target, info=True), model_identity(draft, info=True), p.path)
+            cfg = p.profile.to_sparse_config(self.budget, self.sinks, self.window, source=p.path)
+        elif self.all_heads:
+            cfg = SparseConfig.all_heads(target.model.cfg, draft.model.cfg, self.budget, sinks=self.sinks,
+                                         window=self.window)
+        else:
+            cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window)
+        cfg.check_models(target.model.cfg, draft.model.cfg)
+        return cfg
+
+    def key(self, cfg: SparseConfig | None) -> dict:
+        """The settings of this run that change its results (for resume keys)."""
+        if cfg is None:
+            return {"policy": self.policy}
+        sparse = {k: v for k, v in asdict(cfg).items() if k != "source"}
+        return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
+                "profile_sha256": self.profile.sha256 if self.profile else None}
+
+
+def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget: int | None, sinks: int | None,
+                window: int | None, all_heads: bool = False) -> SparsePlan:
+    """Check one run before any model loads: a known policy, retrieval heads where it needs them
+    (a profile that holds some, or --all-heads), and budget >= sinks + window. Sinks, window and
+    budget default to the profile's, else 4, 64 and 512."""
+    if policy not in POLICIES:
+        raise DustinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if profile is not None and not isinstance(profile, LoadedProfile):
+        profile = read_profile(profile)
+    prof = profile.profile if profile else None
+    if policy in HEAD_POLICIES and prof is None and not all_heads:
+        raise DustinError(f"policy {policy} needs retrieval heads: give --profile (or --all-heads for every head)")
+    sinks = sinks if sinks is not None else prof.sinks if prof else DEFAULT_SINKS
+    window = window if window is not None else prof.window if prof else DEFAULT_WINDOW
+    if policy == "full":
+        return SparsePlan(policy, None, sinks, window, profile, all_heads)
+    budget = budget if budget is not None else prof.budget if prof else DEFAULT_BUDGET
+    cfg = SparseConfig(budget=budget, sinks=sinks, window=window)  # refuses budget < sinks + window
+    if policy in HEAD_POLICIES and prof is not None:
+        cfg = prof.to_sparse_config(budget, sinks, window)
+        missing = [who for who, need, heads in (("draft", cfg.m > 0, cfg.draft_heads),
+                                                ("target", cfg.m < cfg.free, cfg.target_heads)) if need and not heads]
+        if missing:
+            what = "no retrieval heads" if not prof.has_heads else f"no {missing[0]} retrieval heads"
+            raise DustinError(f"{profile.path} holds {what} for policy {policy} at budget {budget} (m = {cfg.m} of "
+                              f"{cfg.free} free rows): Algorithm 1 chose none that raised ARR by its --epsilon; "
+                              "profile again with a smaller --epsilon or more --windows, or use --all-heads "
+                              "without --profile")
+    return SparsePlan(policy, budget, sinks, window, profile, all_heads)
+
+
+def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Path | None, sinks: int | None,
+              window: int | None, all_heads: bool = False) -> dict[PolicyRun, SparsePlan]:
+    """Every policy at every budget (full once, without a budget), each checked before any model
+    loads; the profile is read once."""
+    if not policies:
+        raise DustinError("no policy given")
+    loaded = read_profile(profile) if profile is not None else None
+    runs = [PolicyRun(p, None) if p == "full" else PolicyRun(p, b)
+            for p in policies for b in ([None] if p == "full" else budgets)]
+    if not runs:
+        raise DustinError("no budget given")
+    return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads) for r in dict.fromkeys(runs)}
+
+
+def sparse_configs(plans: dict[PolicyRun, SparsePlan], target, draft) -> dict[PolicyRun, SparseConfig | None]:
+    """Every run's SparseConfig for the loaded pair."""
+    return {r: p.config(target, draft) for r, p in plans.items()}
+
+
+def hooks_factory(configs: dict[PolicyRun, SparseConfig | None], target, draft,
+                  measure_arr: bool = False) -> Callable[[PolicyRun], object]:
+    """`make(run)` -> fresh `SpecHooks` of that run (a policy holds per-decode state)."""
+    from dustin_runtime.policies import make_policy
+
+    def make(run: PolicyRun):
+        return make_policy(run.policy, configs[run], target=target.model, draft=draft.model, measure_arr=measure_arr)
+
+    return make
+
+
+def runs_key(plans: dict[PolicyRun, SparsePlan], configs: dict[PolicyRun, SparseConfig | None]) -> dict:
+    """label -> the settings of that run, for the "runs" part of a resume key."""
+    return {r.label: plans[r].key(configs[r]) for r in plans}
+
+
+def model_identity(m, info: bool = False):
+    """A loaded model's identity: id, config and tokenizer hashes and a weights fingerprint (a dict
+    for resume keys), or with `info` the profile's `ModelInfo` of it."""
+    from dustin_runtime.tokenizer import vocab_hash
+
+    if info:
+        return model_info(m.model_id, m.model.cfg, vocab_hash(m.tokenizer))
+    return {"id": m.model_id, "config": config_hash(m.model.cfg), "tokenizer": vocab_hash(m.tokenizer),
+            "weights": m.ckpt.weights_fingerprint()}
+
+
+def run_identity(target, draft) -> dict:
+    """The models, dtype and device of a run (every harness's resume key starts with these)."""
+    return {"target": model_identity(target), "draft": model_identity(draft) if draft is not None else None,
+            "dtype": str(target.model.dtype).removeprefix("torch."), "device": str(target.model.device)}
