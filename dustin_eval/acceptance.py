@@ -1,13 +1,14 @@
 """`dustin eval acceptance`: how much of speculative decoding's acceptance each verification policy
-keeps at each budget, on the same long prompts (issue 4's evidence).
+keeps at each budget, on the same long prompts.
 
 Per context length, `windows` windows of Gutenberg text (one per book, seeded order) decode
 `max_new_tokens` greedy tokens together as one batch under every policy: `full` once, the others
 at every budget S. All runs of one context share one prefill (everything but the last gamma + 1
 prompt tokens, which each policy prefills itself for its first target-history signal), so the
 policies start from the same cache. EOS does not stop a sequence: every run emits the same number
-of tokens. Each finished run is appended to `<name>.runs.jsonl` (a re-run with the same setup
-skips it), and the table is rewritten as `<name>.json` / `<name>.md`.
+of tokens. Each finished run is appended to `<name>.runs.jsonl` (a re-run skips it when
+`<name>.key.json` shows the same settings, and is refused otherwise), and the table is rewritten as
+`<name>.json` / `<name>.md`.
 
 Reported per (context, policy, budget): tau = mean tokens per verification step (accepted drafts +
 the target's own token, per live sequence and step), its retention tau / tau(full), the paired
@@ -18,9 +19,7 @@ share of each sequence's tokens, from the start, identical to full verification'
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 
 from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.generate import cache_capacity, prefill
 from dustin_runtime.pipeline import LoadedModel
 from dustin_runtime.policies import make_policy
@@ -62,6 +62,9 @@ class AcceptanceConfig:
             raise DustinError(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
         if not self.contexts or not self.budgets or self.windows < 1 or self.max_new_tokens < 1:
             raise DustinError("give at least one context, one budget, one window and one new token")
+        if min(self.contexts) < 1 or min(self.budgets) < 1 or self.gamma < 1:
+            raise DustinError(f"contexts {list(self.contexts)}, budgets {list(self.budgets)} and gamma {self.gamma} "
+                              "must be >= 1")
 
 
 def _prompt_len(context: int, cfg: AcceptanceConfig, target: LoadedModel, draft: LoadedModel) -> int:
@@ -69,10 +72,12 @@ def _prompt_len(context: int, cfg: AcceptanceConfig, target: LoadedModel, draft:
     return min(context, limit - cfg.max_new_tokens)
 
 
-def _fingerprint(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], target: str, draft: str) -> str:
-    blob = json.dumps({"cfg": asdict(cfg), "sparse": {k: asdict(v) for k, v in sorted(configs.items())},
-                       "target": target, "draft": draft}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def resume_key(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], extra: Mapping | None = None) -> dict:
+    """What the records depend on: the settings shared by every run, and under "runs" each budget's
+    SparseConfig (contexts, policies and budgets are each record's own key, so a re-run may add them)."""
+    common = {k: v for k, v in asdict(cfg).items() if k not in ("contexts", "policies", "budgets")}
+    runs = {f"S={b}": {k: v for k, v in asdict(c).items() if k != "source"} for b, c in sorted(configs.items())}
+    return {**common, **dict(extra or {}), "runs": runs}
 
 
 def _shared_prefill(model, prompts: list[list[int]], capacity: int, rows: int):
@@ -97,17 +102,28 @@ def run_acceptance(
     cfg: AcceptanceConfig,
     runs_path: str | Path,
     *,
+    resume_key_extra: Mapping | None = None,
+    restart: bool = False,
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Every policy at every budget (`configs[S]`: sinks, window, heads and m at budget S) on every
-    context; returns the per-run records (also appended to `runs_path`)."""
+    context; returns the per-run records (also appended to `runs_path`). The resume key
+    (`resume_key` plus `resume_key_extra`: the models' identity, dtype, device, the profile's sha256)
+    is kept beside the runs file; `restart` discards the runs recorded before."""
     missing = [b for b in cfg.budgets if b not in configs]
     if missing:
         raise DustinError(f"no sparse config for budgets {missing}")
     runs_path = Path(runs_path)
-    runs_path.parent.mkdir(parents=True, exist_ok=True)
-    fp = _fingerprint(cfg, configs, target.model_id, draft.model_id)
-    done = {(r["context"], r["policy"], r["budget"]): r for r in repair_jsonl(runs_path) if r.get("setup") == fp}
+    with FolderLock(runs_path.parent):
+        key = resume_key(cfg, configs, {"target": target.model_id, "draft": draft.model_id,
+                                        **dict(resume_key_extra or {})})
+        check_resume_key(runs_path.with_name(runs_path.name.removesuffix(".runs.jsonl") + ".key.json"), key,
+                         (runs_path,), restart=restart, where=str(runs_path))
+        return _run(target, draft, configs, cfg, runs_path, on_record)
+
+
+def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
+    done = {(r["context"], r["policy"], r["budget"]): r for r in repair_jsonl(runs_path)}
     records = []
     order = ["full"] + [p for p in cfg.policies if p != "full"]
     for context in cfg.contexts:
@@ -135,7 +151,7 @@ def run_acceptance(
                                                gamma=cfg.gamma, hooks=hooks, prefilled=shared)
                     s = res.stats
                     rec = {
-                        "setup": fp, "context": context, "policy": policy, "budget": budget,
+                        "context": context, "policy": policy, "budget": budget,
                         "prompt_tokens": n, "sequences": len(prompts), "books": [w.book for w in windows],
                         "steps": s.steps, "new_tokens": sum(s.new_tokens), "accepted": s.mean_accepted,
                         "tau": s.mean_accepted + 1, "tau_per_sequence": [a + 1 for a in s.accepted_per_sequence()],

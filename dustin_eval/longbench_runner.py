@@ -3,6 +3,8 @@
 Layout under `out_dir`:
     predictions/<policy>-<budget>/<dataset>.jsonl   one record per finished sample, appended as it
                                                     finishes; a re-run skips the recorded `_id`s
+    predictions/<policy>-<budget>/key.json          the settings the records were made with: a re-run
+                                                    with others is refused (or `restart` discards them)
     predictions/<policy>-<budget>/run.json          metadata and provenance of each invocation
     summary.csv, summary.md, summary.json           every dataset x policy x budget found there
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import FolderLock, atomic_write, check_resume_key, read_json
 
 from .generator import Generator, result_text
 from .jsonl import append_jsonl, read_jsonl, repair_jsonl
@@ -24,8 +27,6 @@ from .longbench_config import DATASETS, max_new_tokens
 from .longbench_data import build_prompt, load_dataset, stop_ids
 from .longbench_metrics import dataset_score, score_sample
 from .results import markdown_table, provenance, write_csv, write_markdown, write_result_json
-
-_MATCH_KEYS = ("policy", "budget", "target", "draft", "max_length")
 
 
 @dataclass(frozen=True)
@@ -55,26 +56,10 @@ def _keys(samples: Sequence[dict]) -> list[str]:
     return keys
 
 
-def _check_same_run(path: Path, records: list[dict], want: dict) -> None:
-    for r in records[:1]:
-        have = {k: r.get(k) for k in _MATCH_KEYS}
-        if have != want:
-            diff = ", ".join(
-                f"{k}={have[k]!r} (now {want[k]!r})" for k in _MATCH_KEYS if have[k] != want[k]
-            )
-            raise DustinError(
-                f"{path} holds another run's predictions: {diff}; use another output folder"
-            )
-
-
 def _write_run_json(run_dir: Path, meta: RunMeta, settings: dict) -> None:
     path = run_dir / "run.json"
-    history = []
-    if path.exists():
-        try:
-            history = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])
-        except json.JSONDecodeError:
-            history = []
+    old = read_json(path, "run history")
+    history = old.get("invocations", []) if isinstance(old, dict) else []
     prov = provenance(models={"target": meta.target, "draft": meta.draft}, shapes=settings)
     doc = {
         "schema_version": 1,
@@ -83,11 +68,9 @@ def _write_run_json(run_dir: Path, meta: RunMeta, settings: dict) -> None:
         "target": meta.target,
         "draft": meta.draft,
         "extra": dict(meta.extra),
-        "invocations": history + [prov],
+        "invocations": (history if isinstance(history, list) else []) + [prov],
     }
-    tmp = path.with_name("run.json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def run_longbench(
@@ -103,6 +86,8 @@ def run_longbench(
     batch_size: int = 1,
     limit: int | None = None,
     chat_template_kwargs: dict | None = None,
+    resume_key: Mapping[str, Any] | None = None,
+    restart: bool = False,
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Run LongBench datasets through `generator`; return the summary rows of this run.
@@ -111,26 +96,46 @@ def run_longbench(
         `max_length - max_new_tokens[dataset]` tokens (before the chat template).
     eos_ids: stop ids (default: the tokenizer's eos); samsum adds the newline token.
     limit: only the first `limit` samples of each dataset.
+    resume_key: what else changes the predictions besides `meta` and the arguments (the models'
+        hashes, dtype, device, the policy's settings); a re-run into the same run folder resumes
+        only when all of it matches, and `restart` discards the run's predictions.
     Finished samples are appended to the predictions file at once; re-running with the same
     arguments continues where a crash stopped. Writes summary.csv/md/json over all runs in out_dir.
     """
     datasets = list(datasets) if datasets else list(DATASETS)
     if batch_size < 1:
         raise DustinError(f"batch size must be >= 1, got {batch_size}")
+    if limit is not None and limit < 1:
+        raise DustinError(f"limit must be >= 1 sample per dataset, got {limit}")
+    if max_length < 1:
+        raise DustinError(f"max length must be >= 1, got {max_length}")
     if eos_ids is None:
         if tokenizer.eos_token_id is None:
             raise DustinError("the tokenizer has no eos token; pass eos_ids")
         eos_ids = [tokenizer.eos_token_id]
-    run_dir = Path(out_dir) / "predictions" / meta.run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "max_length": max_length,
-        "batch_size": batch_size,
-        "limit": limit,
-        "datasets": datasets,
-        "eos_ids": list(eos_ids),
-    }
-    _write_run_json(run_dir, meta, settings)
+    with FolderLock(out_dir):
+        run_dir = Path(out_dir) / "predictions" / meta.run_name
+        settings = {
+            "max_length": max_length,
+            "batch_size": batch_size,
+            "limit": limit,
+            "datasets": datasets,
+            "eos_ids": list(eos_ids),
+        }
+        key = {"policy": meta.policy, "budget": meta.budget, "target": meta.target, "draft": meta.draft,
+               "extra": dict(meta.extra), "max_length": max_length, "batch_size": batch_size,
+               "eos_ids": list(eos_ids), "chat_template_kwargs": chat_template_kwargs, **dict(resume_key or {})}
+        if restart:
+            (run_dir / "run.json").unlink(missing_ok=True)
+        check_resume_key(run_dir / "key.json", key, tuple(sorted(run_dir.glob("*.jsonl"))), restart=restart,
+                         where=str(run_dir))
+        _write_run_json(run_dir, meta, settings)
+        return _run(generator, tokenizer, meta, run_dir, data_dir, out_dir, max_length, datasets, eos_ids, batch_size,
+                    limit, chat_template_kwargs, settings, on_record)
+
+
+def _run(generator, tokenizer, meta, run_dir, data_dir, out_dir, max_length, datasets, eos_ids, batch_size, limit,
+         chat_template_kwargs, settings, on_record) -> list[dict]:
     want = {
         "policy": meta.policy,
         "budget": meta.budget,
@@ -146,7 +151,6 @@ def run_longbench(
             raise DustinError(f"max length {max_length} leaves no room for {dataset}'s prompt")
         path = run_dir / f"{dataset}.jsonl"
         done = repair_jsonl(path)
-        _check_same_run(path, done, want)
         done_keys = {r["_id"] for r in done}
         pending = [
             (k, s) for k, s in zip(_keys(samples), samples, strict=True) if k not in done_keys

@@ -1,19 +1,23 @@
 """`dustin eval passkey`: retrieval of a passkey hidden in Gutenberg filler at several contexts and
 depths, decoded greedily through each verification policy; accuracy tables and one heatmap PNG
-per policy and budget. Records are appended as they finish; a re-run skips what is done."""
+per policy and budget. Records are appended as they finish; a re-run skips what is done, after
+checking that the records were made with the same settings (`records.key.json`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from dustin_runtime.errors import DustinError
+from dustin_runtime.files import FolderLock, atomic_path, check_resume_key
 from dustin_runtime.model import Transformer
 from dustin_runtime.speculative import SpecHooks
 
 from .generator import result_text
 from .jsonl import append_jsonl, repair_jsonl
 from .passkey import passkey_accuracy, passkey_grid, plot_passkey_heatmap, score_passkey
-from .pg19_eval import PolicyRun
+from .plan import PolicyRun
 from .results import markdown_table, provenance, write_csv, write_markdown, write_result_json
 from .runtime_generator import RuntimeGenerator
 
@@ -34,12 +38,27 @@ def run_passkey(
     models: dict,
     max_new_tokens: int = 10,
     seed: int = 0,
+    resume_key: Mapping | None = None,
+    restart: bool = False,
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Every prompt of the grid under every run; returns accuracy rows."""
+    """Every prompt of the grid under every run; returns accuracy rows. `resume_key` and `restart`
+    as in `pg19_eval.run_pg19`."""
+    if min(trials, gamma, max_new_tokens) < 1 or not contexts or not depths:
+        raise DustinError(f"trials ({trials}), gamma ({gamma}) and max new tokens ({max_new_tokens}) must be >= 1, "
+                          "with at least one context and one depth")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "records.jsonl"
+    with FolderLock(out_dir):
+        path = out_dir / "records.jsonl"
+        key = {"gamma": gamma, "max_new_tokens": max_new_tokens, "seed": seed,
+               "filler_sha256": hashlib.sha256(filler_text.encode()).hexdigest(), **dict(resume_key or {})}
+        check_resume_key(out_dir / "records.key.json", key, (path,), restart=restart, where=str(path))
+        return _run(target, draft, tokenizer, path, out_dir, filler_text, contexts, depths, trials, gamma, runs,
+                    make_hooks, models, max_new_tokens, seed, on_record)
+
+
+def _run(target, draft, tokenizer, path, out_dir, filler_text, contexts, depths, trials, gamma, runs, make_hooks,
+         models, max_new_tokens, seed, on_record) -> list[dict]:
     done = {(r["policy"], r["budget"], r["context_tokens"], r["depth"], r["seed"]) for r in repair_jsonl(path)}
     prompts = list(passkey_grid(tokenizer, filler_text, contexts, depths, trials, seed))
     for run in runs:
@@ -69,5 +88,6 @@ def run_passkey(
     for (policy, budget) in overall:
         sub = [r for r in rows if r["policy"] == policy and r["budget"] == budget]
         name = policy if budget is None else f"{policy}-{budget}"
-        plot_passkey_heatmap(sub, out_dir / f"passkey-{name}.png", title=f"passkey: {name}")
+        with atomic_path(out_dir / f"passkey-{name}.png") as tmp:
+            plot_passkey_heatmap(sub, tmp, title=f"passkey: {name}")
     return rows

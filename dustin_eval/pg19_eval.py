@@ -5,22 +5,25 @@ beside it.
 A sample is a window of `context + eval_tokens` tokens from one book: the first `context` are the
 prompt (prefilled with the full cache), the last `eval_tokens` are scored in verification windows
 through each policy. All policies of one window share its prefill. Records are appended as they
-finish (one JSONL line per window x policy x budget); a re-run skips what is done."""
+finish (one JSONL line per window x policy x budget); a re-run skips what is done, after checking
+that the records were made with the same settings (`records-<context>.key.json`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.model import Transformer
 from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.teacher_forced import teacher_forced_nll
 
+from .corpus import book_paths
 from .jsonl import append_jsonl, repair_jsonl
 from .pg19 import iter_windows
+from .plan import PolicyRun
 from .results import (
     markdown_table,
     plot_score_vs_budget,
@@ -29,18 +32,6 @@ from .results import (
     write_markdown,
     write_result_json,
 )
-
-
-@dataclass(frozen=True)
-class PolicyRun:
-    """One policy at one budget (budget None for full verification)."""
-
-    policy: str
-    budget: int | None
-
-    @property
-    def label(self) -> str:
-        return self.policy if self.budget is None else f"{self.policy}@{self.budget}"
 
 
 def run_pg19(
@@ -58,18 +49,36 @@ def run_pg19(
     out_dir: str | Path,
     models: dict,
     seed: int = 0,
+    resume_key: Mapping | None = None,
+    restart: bool = False,
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Score `windows` windows (one per book) under every run; returns the summary rows."""
+    """Score `windows` windows (one per book) under every run; returns the summary rows.
+
+    `resume_key`: what else changes the records (the models, dtype, device and, under "runs", each
+    run's settings: `plan.run_identity`, `plan.runs_key`); the records of `out_dir` are resumed only
+    when it matches, `restart` discards them."""
+    if min(context, eval_tokens, gamma, windows) < 1:
+        raise DustinError(f"context ({context}), eval tokens ({eval_tokens}), gamma ({gamma}) and windows "
+                          f"({windows}) must be >= 1")
     if context + eval_tokens > target.cfg.max_position_embeddings:
         raise DustinError(
             f"context {context} + eval tokens {eval_tokens} exceed the model's {target.cfg.max_position_embeddings}"
         )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"records-{context}.jsonl"
-    done = {(r["book"], r["window"], r["policy"], r["budget"]) for r in repair_jsonl(path)
-            if r.get("eval_tokens") == eval_tokens and r.get("gamma") == gamma}
+    with FolderLock(out_dir):
+        path = out_dir / f"records-{context}.jsonl"
+        key = {"context": context, "eval_tokens": eval_tokens, "gamma": gamma, "seed": seed,
+               "books": sorted(p.name for p in book_paths(books_dir)), **dict(resume_key or {})}
+        check_resume_key(out_dir / f"records-{context}.key.json", key, (path,), restart=restart, where=str(path))
+        _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
+               seed, on_record)
+        return summarize(path, out_dir, context, eval_tokens, gamma, models)
+
+
+def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
+           seed, on_record) -> None:
+    done = {(r["book"], r["window"], r["policy"], r["budget"]) for r in repair_jsonl(path)}
     for win in iter_windows(tokenizer, books_dir, context + eval_tokens, seed=seed, max_windows=windows,
                             max_windows_per_book=1):
         todo = [r for r in runs if (win.book, win.index, r.policy, r.budget) not in done]
@@ -87,12 +96,11 @@ def run_pg19(
             append_jsonl(path, rec)
             if on_record is not None:
                 on_record(rec)
-    return summarize(path, out_dir, context, eval_tokens, gamma, models)
 
 
 def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: int, models: dict) -> list[dict]:
     """Per policy and budget: perplexity over all scored tokens, and its ratio to full's."""
-    recs = [r for r in repair_jsonl(path) if r["eval_tokens"] == eval_tokens and r["gamma"] == gamma]
+    recs = repair_jsonl(path)
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
         groups.setdefault((r["policy"], r["budget"]), []).append(r)

@@ -7,10 +7,9 @@ set keeps and weighs `--retrieval-weight` of every mean ARR (see `stack_windows`
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import platform
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from dustin_profile.search import (
 from dustin_profile.tables import write_tables
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import FolderLock, atomic_path, check_resume_key, move_into
 
 WORK_VERSION = 1
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +80,8 @@ class ProfileConfig:
     def check(self) -> None:
         if self.gamma < 1:
             raise DustinError("--gamma must be >= 1")
+        if self.context < 1 or self.prefill_chunk < 1:
+            raise DustinError(f"--context must be >= 1, got {self.context}")
         if min(self.sinks, self.window) < 0 or self.budget < self.sinks + self.window:
             raise DustinError(f"--budget {self.budget} must be >= --sinks + --window ({self.sinks} + {self.window})")
         bad = [b for b in self.budgets if b < self.sinks + self.window]
@@ -89,11 +91,11 @@ class ProfileConfig:
             raise DustinError("--retrieval-windows must be >= 0 and --retrieval-weight in [0, 1)")
         if self.windows < 1 or self.positions < 1 or self.max_heads < 1 or self.m_points < 1:
             raise DustinError("--windows, --positions, --max-heads and --m-points must be >= 1")
-        if self.epsilon < 0:
-            raise DustinError("--epsilon must be >= 0")
+        if not math.isfinite(self.epsilon) or self.epsilon < 0:
+            raise DustinError(f"--epsilon must be a finite number >= 0, got {self.epsilon}")
         if self.verify_tokens not in ("draft", "text"):
             raise DustinError("--verify-tokens must be 'draft' or 'text'")
-        if not self.out.endswith(".json"):
+        if not self.out.endswith(".json") or Path(self.out).is_dir():
             raise DustinError(f"--out {self.out}: the profile is a .json file")
 
 
@@ -153,7 +155,7 @@ def _relative(p: str) -> str:
     return p if rel.startswith(os.path.join("..", "..")) else rel
 
 
-def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: torch.dtype) -> dict:
+def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: torch.dtype, device: str) -> dict:
     """What the recorded windows depend on: a resumed run must match it."""
     return {
         "work_version": WORK_VERSION,
@@ -165,23 +167,16 @@ def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: to
         "quest_budgets": list(cfg.all_budgets),
         "verify_tokens": cfg.verify_tokens,
         "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "prefill_chunk": cfg.prefill_chunk,
         "seed": cfg.seed,
     }
 
 
 def _open_work(work: Path, key: dict, restart: bool) -> None:
-    meta = work / "meta.json"
-    if restart and work.exists():
-        shutil.rmtree(work)
-    if meta.is_file():
-        old = json.loads(meta.read_text())
-        if old != key:
-            diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-            raise DustinError(f"{work} holds windows recorded with other settings ({', '.join(diff)}); "
-                              "pass --restart to discard them or choose another --out")
-        return
-    work.mkdir(parents=True, exist_ok=True)
-    meta.write_text(json.dumps(key, indent=1))
+    """Resume from `work` only if its windows were recorded with `key` (meta.json); `restart`
+    discards them. Published artifacts staged there by a killed run are left to be overwritten."""
+    check_resume_key(work / "meta.json", key, tuple(sorted(work.glob("w*.pt"))), restart=restart, where=str(work))
 
 
 def _load_window(path: Path, whash: str) -> dict | None:
@@ -233,20 +228,36 @@ def _progress(console):
         TimeRemainingColumn,
     )
 
+    # off when the console is no terminal: a log gets the summary lines, an error stays one line
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=False)
+                    TimeRemainingColumn(), console=console, transient=False, disable=not console.is_terminal)
 
 
 def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart: bool = False) -> RunResult:
-    """Profile a target/draft pair and write the artifact (see the module docstring)."""
+    """Profile a target/draft pair and write the artifact (see the module docstring). The work
+    folder `<out>.work/` is locked for the run: a second run on the same --out is refused."""
     from rich.console import Console
 
+    console = console or Console(stderr=True)
+    cfg.check()
+    with FolderLock(Path(cfg.out).with_suffix(".work"), ".lock"):
+        return _run(cfg, command, console, restart)
+
+
+def _publish(out: Path, prof: Profile, stage: Path) -> Profile:
+    """Tables and plots are written into the work folder under their final names, then moved beside
+    `out`, and the JSON is written last (atomically): a kill leaves no half-written file."""
+    for name in prof.tables.values():
+        move_into(stage.parent / name, out.parent / name)
+    prof.save(out)
+    return prof
+
+
+def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     from dustin_runtime import pipeline
     from dustin_runtime.loader import read_config, resolve_checkpoint
     from dustin_runtime.tokenizer import check_same_vocab, vocab_hash
 
-    console = console or Console(stderr=True)
-    cfg.check()
     t0 = time.perf_counter()
     device = pipeline.pick_device(cfg.device)
     dtype = pipeline.pick_dtype(cfg.dtype, device)
@@ -271,7 +282,7 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
                     for i in range(cfg.retrieval)]
     out = Path(cfg.out)
     work = out.with_suffix(".work")
-    _open_work(work, record_key(cfg, tinfo, dinfo, dtype), restart)
+    _open_work(work, record_key(cfg, tinfo, dinfo, dtype, device), restart)
     recs, recorded = [], 0
     t_rec = time.perf_counter()
     with _progress(console) as bar:
@@ -286,9 +297,8 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
                                     quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
                                     prefill_chunk=cfg.prefill_chunk)
                 rec["window_hash"] = whash
-                tmp = path.with_suffix(".tmp")
-                torch.save(rec, tmp)
-                tmp.replace(path)
+                with atomic_path(path) as tmp:
+                    torch.save(rec, tmp)
                 recorded += 1
             recs.append(rec)
             bar.advance(task)
@@ -313,7 +323,8 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
                                            window=cfg.window, m=m)))
     if abs(exact - arr) > 1e-4:
         raise DustinError(f"internal error: ARR from the grid ({arr:.6f}) != ARR through select_indices ({exact:.6f})")
-    tables = write_tables(out, cfg, stats, cands, res, sweep, command)
+    stage = work / out.name  # tables and plots are written here, then published with the JSON
+    tables = write_tables(stage, cfg, stats, cands, res, sweep, command)
     accepted = torch.cat([r["accepted"] for r in recs]).float()
     calib = {
         "description": f"{len(windows)} windows of {cfg.context + cfg.gamma + 1} tokens from "
@@ -368,9 +379,9 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
     )
     from dustin_profile.plots import write_plots
 
-    prof = replace(prof, tables={**tables, **write_plots(out, prof)})
+    prof = replace(prof, tables={**tables, **write_plots(stage, prof)})
     prof.calibration["run"]["seconds"]["total"] = round(time.perf_counter() - t0, 2)
-    prof.save(out)
+    _publish(out, prof, stage)
     return RunResult(prof, out, res, recorded, prof.calibration["run"]["seconds"])
 
 
