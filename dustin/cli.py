@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Annotated
 
 # OpenMP threads that spin between parallel regions slow small CPU matmuls ~20x when the cores are
 # shared; sleeping threads cost microseconds. Must be set before torch loads its OpenMP runtime.
@@ -35,6 +36,53 @@ app.add_typer(bench_app, name="bench")
 
 console = Console(width=None if sys.stdout.isatty() else 150)  # tables stay readable in logs
 err_console = Console(stderr=True)
+
+# Options shared by several commands, defined once (defaults stay with each command).
+Target = Annotated[str | None, typer.Option(help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'.")]
+Draft = Annotated[str | None, typer.Option(help="Draft checkpoint (same tokenizer as the target).")]
+ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile artifact of the target/draft pair "
+                                                                    "(retrieval heads, sinks, window, m).")]
+Policies = Annotated[str, typer.Option("--policy", "--policies", help="Policies, comma-separated: full, dustin, "
+                                       "draft-only, target-only, streamingllm, quest, oracle ('all': every one).")]
+Budgets = Annotated[str, typer.Option("--budget", "--budgets", help="Verification budgets S, comma-separated.")]
+Sinks = Annotated[int | None, typer.Option(min=0, help="Attention sinks always verified (default: the profile's, "
+                                                       "else 4).")]
+Window = Annotated[int | None, typer.Option(min=0, help="Recent window always verified (default: the profile's, "
+                                                        "else 64).")]
+AllHeads = Annotated[bool, typer.Option("--all-heads", help="dustin without a profile: every KV head scores.")]
+Gamma = Annotated[int, typer.Option(min=1, help="Draft tokens per step (gamma + 1 verification queries).")]
+NewTokens = Annotated[int, typer.Option(min=1, help="New tokens per sequence.")]
+Contexts = Annotated[str, typer.Option("--contexts", help="Prompt lengths in tokens, comma-separated.")]
+Dtype = Annotated[str, typer.Option(help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU).")]
+Device = Annotated[str, typer.Option(help="cuda | cpu (auto: cuda when available).")]
+Seed = Annotated[int, typer.Option(help="Seed (data order, sampling).")]
+OutDir = Annotated[Path, typer.Option(help="Output folder: resumable records inside, locked while a run writes.")]
+Restart = Annotated[bool, typer.Option("--restart", help="Discard the records an earlier run left in the same "
+                                                         "output (needed to change its settings).")]
+
+
+def _ints(text: str, option: str, minimum: int = 1) -> list[int]:
+    """A comma-separated list of integers >= `minimum`, or one clear error naming the option."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DustinError(f"{option} {text!r}: expected comma-separated integers") from None
+    if not vals:
+        raise DustinError(f"{option}: give at least one value")
+    bad = [v for v in vals if v < minimum]
+    if bad:
+        raise DustinError(f"{option}: {bad[0]} is below {minimum}")
+    return vals
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _policies(text: str) -> list[str]:
+    from dustin_runtime.sparse import POLICIES
+
+    return list(POLICIES) if text.strip() == "all" else _names(text)
 
 
 @bench_app.command("attention")
@@ -98,12 +146,12 @@ def bench_decode(
     config: str = typer.Option("qwen2.5-7b", help="Target model shape (see dustin_runtime/presets.py)."),
     draft: str | None = typer.Option(None, help="Draft model shape (default: the usual draft)."),
     random_weights: bool = typer.Option(True, "--random-weights", help="Random weights at the real shape."),
-    batch: int = typer.Option(16, help="Sequences per step."),
-    context: int = typer.Option(32768, help="Tokens already in the cache."),
-    gamma: int = typer.Option(4, help="Draft tokens per verification step."),
+    batch: int = typer.Option(16, min=1, help="Sequences per step."),
+    context: int = typer.Option(32768, min=1, help="Tokens already in the cache."),
+    gamma: Gamma = 4,
     hf_baseline: bool = typer.Option(False, help="Also time Hugging Face transformers in the same process."),
-    budget: int = typer.Option(512, help="S of the dustin sparse verification step."),
-    srh: int = typer.Option(4, help="Retrieval KV heads of the dustin step (over 2 layers)."),
+    budget: int = typer.Option(512, min=1, help="S of the dustin sparse verification step."),
+    srh: int = typer.Option(4, min=1, help="Retrieval KV heads of the dustin step (over 2 layers)."),
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for decode-<config>-<context>-<batch>.json."),
 ) -> None:
     """One step of each decoding phase on the GPU (decode, full and dustin verification, draft,
@@ -136,34 +184,34 @@ def bench_decode(
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
-    target: str | None = typer.Option(None, help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'."),
-    draft: str | None = typer.Option(None, help="Draft (same tokenizer as the target)."),
+    target: Target = None,
+    draft: Draft = None,
     calib: list[str] | None = typer.Option(
         None, help="Calibration text: .txt/.md files, folders, globs, .jsonl or .parquet (repeat the option). "
                    "Default: ../shared/corpus/gutenberg/calib."),
-    context: int = typer.Option(8192, help="Context length L of the verification passes."),
-    windows: int = typer.Option(16, help="Calibration windows (one prefill each)."),
-    retrieval_windows: int = typer.Option(0, help="Extra key-value retrieval windows (a fact hidden in calibration "
+    context: int = typer.Option(8192, min=1, help="Context length L of the verification passes."),
+    windows: int = typer.Option(16, min=1, help="Calibration windows (one prefill each)."),
+    retrieval_windows: int = typer.Option(0, min=0, help="Extra key-value retrieval windows (a fact hidden in calibration "
                                                   "prose, asked for at the end) so retrieval heads can win."),
     retrieval_weight: float = typer.Option(0.5, help="Share of every mean ARR given to the retrieval windows' "
                                                      "question passes."),
-    positions: int = typer.Option(8, help="Verification passes per window (in its last quarter)."),
-    budget: int = typer.Option(512, help="Verification budget S (tokens of the selected set)."),
-    gamma: int = typer.Option(4, help="Draft tokens per step; gamma + 1 verification queries."),
-    sinks: int = typer.Option(4, help="Attention-sink tokens always in the set."),
-    window: int = typer.Option(64, help="Recent tokens always in the set."),
+    positions: int = typer.Option(8, min=1, help="Verification passes per window (in its last quarter)."),
+    budget: int = typer.Option(512, min=1, help="Verification budget S (tokens of the selected set)."),
+    gamma: Gamma = 4,
+    sinks: int = typer.Option(4, min=0, help="Attention-sink tokens always in the set."),
+    window: int = typer.Option(64, min=0, help="Recent tokens always in the set."),
     budgets: str = typer.Option("128,256,512,1024", help="Budgets of the ARR-vs-budget table and m_by_budget."),
-    max_heads: int = typer.Option(8, help="Head limit of the greedy search (draft + target KV heads)."),
+    max_heads: int = typer.Option(8, min=1, help="Head limit of the greedy search (draft + target KV heads)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round is below this."),
-    m_points: int = typer.Option(9, help="Grid points for m over [0, S - sinks - window]."),
-    seed: int = typer.Option(0, help="Seed of the calibration windows."),
+    m_points: int = typer.Option(9, min=1, help="Grid points for m over [0, S - sinks - window]."),
+    seed: Seed = 0,
     verify_tokens: str = typer.Option("draft", help="Verification tokens: 'draft' (its greedy drafts) or 'text'."),
     text_field: str = typer.Option("text", help="Text field of JSONL / parquet calibration records."),
-    device: str = typer.Option("auto", help="cuda | cpu (auto: cuda when available)."),
-    dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     out: Path | None = typer.Option(None, help="Profile JSON (default: profiles/<target>-<draft>.json); "
                                                "tables and plots go beside it, resumable work in <out>.work/."),
-    restart: bool = typer.Option(False, help="Discard windows recorded by an earlier run into the same --out."),
+    restart: Restart = False,
 ) -> None:
     """Offline profiling: Algorithm 1 (greedy retrieval-head search and draft/target split m maximising
     ARR) on calibration text, written as a versioned profile artifact. `dustin profile show p.json` prints one."""
@@ -176,10 +224,7 @@ def profile(
     from dustin_profile.run import ProfileConfig, run_profile
     from dustin_profile.show import render
 
-    try:
-        bl = tuple(int(b) for b in budgets.split(",") if b.strip())
-    except ValueError:
-        raise DustinError(f"--budgets {budgets!r}: expected comma-separated integers") from None
+    bl = tuple(_ints(budgets, "--budgets"))
     if out is None:
         out = Path("profiles") / f"{Path(target).name}-{Path(draft).name}.json"
     cfg = ProfileConfig(target=target, draft=draft, out=str(out), calib=tuple(calib or ()), context=context,
@@ -192,13 +237,16 @@ def profile(
         console.print(r)
     console.print(f"wrote {res.path} ({res.recorded} windows recorded, "
                   f"{cfg.windows + cfg.retrieval - res.recorded} resumed) in {res.seconds['total']:.1f} s")
+    if not res.profile.has_heads:
+        console.print(f"[yellow]no retrieval head raised ARR by --epsilon {epsilon:g}: this profile cannot drive "
+                      "--policy dustin (a smaller --epsilon or more --windows may find some)[/]")
 
 
 @profile_app.command("show")
 def profile_show(
     path: Path = typer.Argument(..., help="A profile JSON."),
-    target: str | None = typer.Option(None, help="Also check the profile against this target."),
-    draft: str | None = typer.Option(None, help="Also check the profile against this draft."),
+    target: Annotated[str | None, typer.Option(help="Also check the profile against this target.")] = None,
+    draft: Annotated[str | None, typer.Option(help="Also check the profile against this draft.")] = None,
     markdown: bool = typer.Option(False, "--markdown", help="Print the ARR, heads and rounds tables as markdown."),
 ) -> None:
     """Print a profile artifact as tables; with --target/--draft, refuse it if made for other models."""
@@ -232,35 +280,38 @@ def _load_pair(target: str, draft: str | None, dtype: str, device: str):
 
 @app.command()
 def decode(
-    target: str = typer.Option(..., help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'."),
-    draft: str | None = typer.Option(None, help="Draft (same tokenizer); without it, autoregressive."),
+    target: Target,
+    draft: Annotated[str | None, typer.Option(help="Draft (same tokenizer); without it, autoregressive.")] = None,
     prompt: str | None = typer.Option(None, help="The prompt text."),
-    prompt_file: Path | None = typer.Option(None, help="A text file holding one prompt."),
+    prompt_file: Path | None = typer.Option(None, help="A UTF-8 text file holding one prompt."),
     batch_file: Path | None = typer.Option(None, help='JSONL, one {"prompt": ..., "max_new_tokens": ...} per line.'),
-    max_new_tokens: int = typer.Option(128, help="New tokens per sequence (a batch file may override)."),
-    gamma: int = typer.Option(4, help="Draft tokens per speculative step."),
+    max_new_tokens: NewTokens = 128,
+    gamma: Gamma = 4,
     temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
-    dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)."),
-    device: str = typer.Option("auto", help="cuda | cpu (auto: cuda when available)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
+    dtype: Dtype = "auto",
+    device: Device = "auto",
     chat: bool = typer.Option(False, help="Wrap each prompt in the tokenizer's chat template."),
-    seed: int = typer.Option(0, help="Sampling seed."),
+    seed: Seed = 0,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON record as the last line."),
-    profile: Path | None = typer.Option(None, help="Profile artifact (retrieval heads, sinks, window, m)."),
+    profile: ProfileFile = None,
     policy: str = typer.Option("full", help="Verification: full | dustin | draft-only | target-only | "
                                             "streamingllm | quest | oracle (analysis only)."),
-    budget: int | None = typer.Option(None, help="Verification budget S in context tokens (default: the profile's)."),
-    sinks: int | None = typer.Option(None, help="Attention sinks always verified (default: the profile's, else 4)."),
-    window: int | None = typer.Option(None, help="Recent window always verified (default: the profile's, else 64)."),
-    all_heads: bool = typer.Option(False, "--all-heads", help="dustin without a profile: every KV head scores."),
+    budget: int | None = typer.Option(None, min=1, help="Verification budget S in context tokens (default: the "
+                                                        "profile's)."),
+    sinks: Sinks = None,
+    window: Window = None,
+    all_heads: AllHeads = False,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
+    from dustin_eval.plan import plan_sparse
     from dustin_runtime import pipeline
     from dustin_runtime.sampling import SamplingConfig
 
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     prompts = pipeline.read_prompts(prompt, prompt_file, batch_file, max_new_tokens)
-    spec = _SparseSpec.parse(policy, profile, budget, sinks, window, all_heads)
+    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads)
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
     tgt, drf = _load_pair(target, draft, dtype, device)
@@ -268,10 +319,9 @@ def decode(
     if drf is not None:
         from dustin_runtime.policies import make_policy
 
-        hooks = make_policy(policy, spec.config(tgt, drf), target=tgt.model, draft=drf.model, measure_arr=measure_arr)
+        hooks = make_policy(policy, plan.config(tgt, drf), target=tgt.model, draft=drf.model, measure_arr=measure_arr)
     with console.status("decoding", spinner="dots"):
-        out = pipeline.decode(tgt, drf, prompts, gamma=gamma, chat=chat, seed=seed, hooks=hooks,
-                              sampling=SamplingConfig(temperature=temperature, top_p=top_p))
+        out = pipeline.decode(tgt, drf, prompts, gamma=gamma, chat=chat, seed=seed, hooks=hooks, sampling=sampling)
     _print_decode(out)
     if json_out:
         print(json.dumps(out.record()))
@@ -279,144 +329,74 @@ def decode(
 
 @eval_app.command("acceptance")
 def eval_acceptance(
-    target: str = typer.Option("smollm2", help="Target checkpoint."),
-    draft: str = typer.Option("models/smollm2-draft", help="Draft checkpoint (same tokenizer)."),
-    profile: Path | None = typer.Option(None, help="Profile artifact for the target/draft pair (dustin's heads, m)."),
-    all_heads: bool = typer.Option(False, "--all-heads", help="No profile: every KV head scores for dustin."),
-    contexts: str = typer.Option("4096,8192", help="Prompt lengths, comma-separated (capped to fit the models)."),
-    windows: int = typer.Option(2, help="Windows (one per book) per context, decoded as one batch."),
-    max_new_tokens: int = typer.Option(64, help="Greedy new tokens per window."),
-    gamma: int = typer.Option(4, help="Draft tokens per step."),
-    budgets: str = typer.Option("128,256,512,1024", help="Budgets S, comma-separated."),
-    policies: str = typer.Option("all", help="Policies, comma-separated, or 'all'."),
-    sinks: int | None = typer.Option(None, help="Sinks (default: the profile's, else 4)."),
-    window: int | None = typer.Option(None, help="Recent window (default: the profile's, else 64)."),
+    target: Target = "smollm2",
+    draft: Draft = "models/smollm2-draft",
+    profile: ProfileFile = None,
+    all_heads: AllHeads = False,
+    contexts: Contexts = "4096,8192",
+    windows: int = typer.Option(2, min=1, help="Windows (one per book) per context, decoded as one batch."),
+    max_new_tokens: NewTokens = 64,
+    gamma: Gamma = 4,
+    budgets: Budgets = "128,256,512,1024",
+    policies: Policies = "all",
+    sinks: Sinks = None,
+    window: Window = None,
     books_dir: Path | None = typer.Option(None, help="Books folder (default ../shared/corpus/gutenberg/eval)."),
     measure_arr: bool = typer.Option(True, "--measure-arr/--no-arr", help="Measure ARR on the side."),
     paired: bool = typer.Option(True, "--paired/--no-paired", help="Also run full verification on every "
                                 "policy's drafts (paired retention; one more target pass per step)."),
-    threads: int | None = typer.Option(None, help="torch intra-op threads (CPU)."),
-    dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)."),
-    device: str = typer.Option("auto", help="cuda | cpu."),
-    out_dir: Path = typer.Option(Path("results/acceptance"), help="Output folder."),
+    threads: int | None = typer.Option(None, min=1, help="torch intra-op threads (CPU)."),
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    out_dir: OutDir = Path("results/acceptance"),
     name: str = typer.Option("smollm2-draft", help="Result name: <out-dir>/<name>.{json,md,runs.jsonl}."),
+    restart: Restart = False,
 ) -> None:
     """Mean accepted length, its retention vs full and ARR for every policy at every budget."""
-    import hashlib
-
     import torch
 
     from dustin_eval import acceptance as acc
+    from dustin_eval.plan import plan_sparse, read_profile, run_identity
     from dustin_eval.results import provenance
-    from dustin_runtime.sparse import POLICIES
+    from dustin_runtime.files import FolderLock
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    ints = [int(x) for x in budgets.split(",") if x.strip()]
-    chosen = POLICIES if policies == "all" else tuple(x.strip() for x in policies.split(",") if x.strip())
+    ints = _ints(budgets, "--budgets")
+    chosen = tuple(_policies(policies))
     cfg = acc.AcceptanceConfig(
-        contexts=tuple(int(x) for x in contexts.split(",") if x.strip()), windows=windows,
+        contexts=tuple(_ints(contexts, "--contexts")), windows=windows,
         max_new_tokens=max_new_tokens, gamma=gamma, budgets=tuple(ints), policies=chosen,
         books_dir=str(books_dir) if books_dir else acc.AcceptanceConfig.books_dir, measure_arr=measure_arr,
         paired=paired,
     )
-    specs = {b: _SparseSpec.parse("dustin" if "dustin" in chosen else "streamingllm", profile, b, sinks, window,
-                                  all_heads) for b in ints}
-    tgt, drf = _load_pair(target, draft, dtype, device)
-    configs = {b: spec.config(tgt, drf) for b, spec in specs.items()}
-    runs = out_dir / f"{name}.runs.jsonl"
+    loaded = read_profile(profile) if profile is not None else None
+    plans = {b: plan_sparse("dustin" if "dustin" in chosen else "streamingllm", loaded, b, sinks, window, all_heads)
+             for b in ints}
+    if threads is not None:
+        torch.set_num_threads(threads)
+    with FolderLock(out_dir):
+        tgt, drf = _load_pair(target, draft, dtype, device)
+        configs = {b: plan.config(tgt, drf) for b, plan in plans.items()}
+        runs = out_dir / f"{name}.runs.jsonl"
 
-    def show(r: dict) -> None:
-        arr = "" if r["arr"] is None else f", ARR {r['arr']:.3f}"
-        if r.get("paired_retention") is not None:
-            arr += f", paired retention {r['paired_retention']:.3f}"
-        console.print(f"context {r['context']} {r['policy']:>12} S={r['budget']}: tau {r['tau']:.3f}{arr} "
-                      f"({r['steps']} steps, {r['decode_s']:.0f} s)", highlight=False)
+        def show(r: dict) -> None:
+            arr = "" if r["arr"] is None else f", ARR {r['arr']:.3f}"
+            if r.get("paired_retention") is not None:
+                arr += f", paired retention {r['paired_retention']:.3f}"
+            console.print(f"context {r['context']} {r['policy']:>12} S={r['budget']}: tau {r['tau']:.3f}{arr} "
+                          f"({r['steps']} steps, {r['decode_s']:.0f} s)", highlight=False)
 
-    records = acc.run_acceptance(tgt, drf, configs, cfg, runs, on_record=show)
-    extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs)}
-    if profile is not None:
-        extra["profile"] = {"path": str(profile), "sha256": hashlib.sha256(profile.read_bytes()).hexdigest()}
-    prov = provenance(models={"target": tgt.model_id, "draft": drf.model_id},
-                      shapes={"contexts": list(cfg.contexts), "windows": windows, "gamma": gamma,
-                              "max_new_tokens": max_new_tokens}, extra=extra)
-    j, m = acc.write_acceptance(records, out_dir, name, prov, cfg, configs)
+        ident = {**run_identity(tgt, drf), "all_heads": all_heads,
+                 "profile_sha256": loaded.sha256 if loaded else None}
+        records = acc.run_acceptance(tgt, drf, configs, cfg, runs, resume_key_extra=ident, restart=restart,
+                                     on_record=show)
+        extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs)}
+        if loaded is not None:
+            extra["profile"] = {"path": loaded.path, "sha256": loaded.sha256}
+        prov = provenance(models={"target": tgt.model_id, "draft": drf.model_id},
+                          shapes={"contexts": list(cfg.contexts), "windows": windows, "gamma": gamma,
+                                  "max_new_tokens": max_new_tokens}, extra=extra)
+        j, m = acc.write_acceptance(records, out_dir, name, prov, cfg, configs)
     console.print(f"wrote {j} and {m}")
-
-
-class _SparseSpec:
-    """--policy / --profile / --budget / --sinks / --window / --all-heads, checked before any model
-    loads; `config` turns them (and the profile, checked against the loaded pair) into a SparseConfig."""
-
-    def __init__(self, policy, prof, path, budget, sinks, window, all_heads):
-        self.policy, self.prof, self.path = policy, prof, path
-        self.budget, self.sinks, self.window, self.all_heads = budget, sinks, window, all_heads
-
-    @classmethod
-    def parse(cls, policy, path, budget, sinks, window, all_heads) -> _SparseSpec:
-        from dustin_runtime.sparse import (
-            DEFAULT_SINKS,
-            DEFAULT_WINDOW,
-            HEAD_POLICIES,
-            POLICIES,
-            SparseConfig,
-        )
-
-        if policy not in POLICIES:
-            raise DustinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        prof = None
-        if path is not None:
-            from dustin_profile.artifact import load_profile
-
-            prof = load_profile(path)
-        if policy in HEAD_POLICIES and prof is None and not all_heads:
-            raise DustinError(f"policy {policy} needs retrieval heads: give --profile (or --all-heads for every head)")
-        sinks = sinks if sinks is not None else prof.sinks if prof else DEFAULT_SINKS
-        window = window if window is not None else prof.window if prof else DEFAULT_WINDOW
-        budget = budget if budget is not None else prof.budget if prof else 512
-        if policy != "full":
-            SparseConfig(budget=budget, sinks=sinks, window=window)  # refuses budget < sinks + window
-        return cls(policy, prof, path, budget, sinks, window, all_heads)
-
-    def config(self, tgt, drf):
-        """The SparseConfig for the loaded target/draft pair (None for `full`)."""
-        from dustin_runtime.sparse import SparseConfig
-
-        if self.policy == "full":
-            return None
-        if self.prof is not None:
-            from dustin_profile.artifact import check_models, model_info
-            from dustin_runtime.tokenizer import vocab_hash
-
-            check_models(self.prof, model_info(tgt.model_id, tgt.model.cfg, vocab_hash(tgt.tokenizer)),
-                         model_info(drf.model_id, drf.model.cfg, vocab_hash(drf.tokenizer)), str(self.path))
-            cfg = sparse_config_from_profile(self.prof, self.budget, self.sinks, self.window, str(self.path))
-        elif self.all_heads:
-            cfg = SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, self.budget, sinks=self.sinks, window=self.window)
-        else:
-            cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window)
-        cfg.check_models(tgt.model.cfg, drf.model.cfg)
-        return cfg
-
-
-def sparse_config_from_profile(prof, budget: int | None = None, sinks: int | None = None,
-                               window: int | None = None, source: str = ""):
-    """A dustin_profile `Profile` as the runtime's `SparseConfig` at `budget` (default the profile's):
-    its heads and aggregation, its sinks/window unless overridden, m = the profile's m at that
-    budget (calibrated or scaled, `Profile.m_for_budget`), clipped to the free rows."""
-    from dustin_runtime.sparse import SparseConfig
-
-    budget = prof.budget if budget is None else budget
-    sinks = prof.sinks if sinks is None else sinks
-    window = prof.window if window is None else window
-    free = budget - sinks - window
-    m = max(0, min(free, prof.m_for_budget(budget))) if free >= 0 else 0
-
-    def heads(hs):
-        return tuple((h.layer, h.kv_head, tuple(h.query_heads)) for h in hs)
-
-    return SparseConfig(budget=budget, sinks=sinks, window=window, m=m, draft_heads=heads(prof.draft_heads),
-                        target_heads=heads(prof.target_heads), aggregation=prof.aggregation, source=source)
 
 
 def _print_decode(out) -> None:
@@ -449,120 +429,119 @@ def _print_decode(out) -> None:
     console.print(t)
 
 
-def _policy_runs(policies: str, budgets: str, profile, sinks, window, all_heads):
-    """(runs, specs): every policy at every budget (full once, without a budget), checked before
-    any model loads."""
-    from dustin_eval.pg19_eval import PolicyRun
+def _plan(policy: str, budget: str, profile, sinks, window, all_heads):
+    """Every policy run, checked before any model loads."""
+    from dustin_eval.plan import plan_runs
 
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    try:
-        sizes = [int(b) for b in budgets.split(",") if b.strip()]
-    except ValueError:
-        raise DustinError(f"--budgets {budgets!r}: expected comma-separated integers") from None
-    runs = [PolicyRun(p, None) if p == "full" else PolicyRun(p, b) for p in names for b in ([0] if p == "full" else sizes)]
-    runs = list(dict.fromkeys(runs))
-    specs = {r: _SparseSpec.parse(r.policy, profile, r.budget, sinks, window, all_heads) for r in runs}
-    return runs, specs
+    return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads)
 
 
-def _hooks_factory(specs, tgt, drf, measure_arr: bool):
-    from dustin_runtime.policies import make_policy
+def _bind(plans, tgt, drf, measure_arr: bool):
+    """The hooks factory of the planned runs on the loaded pair, and their resume key (models,
+    dtype, device, each run's settings)."""
+    from dustin_eval import plan as pl
 
-    configs = {r: spec.config(tgt, drf) for r, spec in specs.items()}
-
-    def make(run):
-        return make_policy(run.policy, configs[run], target=tgt.model, draft=drf.model, measure_arr=measure_arr)
-
-    return make
+    configs = pl.sparse_configs(plans, tgt, drf)
+    key = {**pl.run_identity(tgt, drf), "measure_arr": measure_arr, "runs": pl.runs_key(plans, configs)}
+    return pl.hooks_factory(configs, tgt, drf, measure_arr), key
 
 
 @eval_app.command("pg19")
 def eval_pg19(
     data: Path | None = typer.Option(None, help="Folder of .txt books (default ../shared/corpus/gutenberg/eval)."),
-    target: str = typer.Option("smollm2", help="Target checkpoint."),
-    draft: str = typer.Option("models/smollm2-draft", help="Draft checkpoint (same tokenizer)."),
-    profile: Path | None = typer.Option(None, help="Profile artifact (dustin, draft-only, target-only)."),
-    policy: str = typer.Option("full,dustin,streamingllm,quest", help="Policies, comma-separated."),
-    budget: str = typer.Option("256,512,1024", help="Budgets S, comma-separated."),
-    context: int = typer.Option(4096, help="Prompt tokens before the scored part of each window."),
-    eval_tokens: int = typer.Option(256, help="Tokens scored per window through verification windows."),
-    windows: int = typer.Option(2, help="Windows (one per book)."),
-    gamma: int = typer.Option(4, help="Verification window = gamma + 1 tokens."),
-    sinks: int | None = typer.Option(None, help="Sinks (default: the profile's, else 4)."),
-    window: int | None = typer.Option(None, help="Recent window (default: the profile's, else 64)."),
-    all_heads: bool = typer.Option(False, "--all-heads", help="No profile: every KV head scores."),
+    target: Target = "smollm2",
+    draft: Draft = "models/smollm2-draft",
+    profile: ProfileFile = None,
+    policy: Policies = "full,dustin,streamingllm,quest",
+    budget: Budgets = "256,512,1024",
+    context: int = typer.Option(4096, min=1, help="Prompt tokens before the scored part of each window."),
+    eval_tokens: int = typer.Option(256, min=1, help="Tokens scored per window through verification windows."),
+    windows: int = typer.Option(2, min=1, help="Windows (one per book)."),
+    gamma: Gamma = 4,
+    sinks: Sinks = None,
+    window: Window = None,
+    all_heads: AllHeads = False,
     measure_arr: bool = typer.Option(True, "--measure-arr/--no-arr", help="Also record ARR per window."),
-    seed: int = typer.Option(0, help="Book order seed."),
-    dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32."),
-    device: str = typer.Option("auto", help="cuda | cpu."),
-    out_dir: Path = typer.Option(Path("results/pg19"), help="Output folder (resumable records inside)."),
+    seed: Seed = 0,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    out_dir: OutDir = Path("results/pg19"),
+    restart: Restart = False,
 ) -> None:
     """Perplexity of long books when each teacher-forced verification window attends through the
     policy's set, full-cache perplexity beside it."""
     from rich.progress import Progress
 
-    from dustin_eval.corpus import gutenberg_split
+    from dustin_eval.corpus import book_paths, gutenberg_split
     from dustin_eval.pg19_eval import run_pg19
+    from dustin_runtime.files import FolderLock
 
-    runs, specs = _policy_runs(policy, budget, profile, sinks, window, all_heads)
-    tgt, drf = _load_pair(target, draft, dtype, device)
-    make = _hooks_factory(specs, tgt, drf, measure_arr)
-    with Progress(console=console) as bar:
-        task = bar.add_task(f"pg19 context {context}", total=windows * len(runs))
-        rows = run_pg19(tgt.model, drf.model, tgt.tokenizer, books_dir=data or gutenberg_split("eval"),
-                        context=context, eval_tokens=eval_tokens, gamma=gamma, runs=runs, make_hooks=make,
-                        windows=windows, out_dir=out_dir, models={"target": tgt.model_id, "draft": drf.model_id},
-                        seed=seed, on_record=lambda r: bar.advance(task))
+    plans = _plan(policy, budget, profile, sinks, window, all_heads)
+    books = data or gutenberg_split("eval")
+    book_paths(books)  # refuses a folder without books before the models load
+    with FolderLock(out_dir):
+        tgt, drf = _load_pair(target, draft, dtype, device)
+        make, key = _bind(plans, tgt, drf, measure_arr)
+        with Progress(console=console) as bar:
+            task = bar.add_task(f"pg19 context {context}", total=windows * len(plans))
+            rows = run_pg19(tgt.model, drf.model, tgt.tokenizer, books_dir=books, context=context,
+                            eval_tokens=eval_tokens, gamma=gamma, runs=list(plans), make_hooks=make, windows=windows,
+                            out_dir=out_dir, models={"target": tgt.model_id, "draft": drf.model_id}, seed=seed,
+                            resume_key=key, restart=restart, on_record=lambda r: bar.advance(task))
     _print_rows(f"PG-19-style perplexity, context {context}", rows)
     console.print(f"wrote {out_dir}/pg19-{context}.{{json,csv,md,png}}")
 
 
 @eval_app.command("passkey")
 def eval_passkey(
-    target: str = typer.Option("smollm2", help="Target checkpoint."),
-    draft: str = typer.Option("models/smollm2-draft", help="Draft checkpoint (same tokenizer)."),
-    profile: Path | None = typer.Option(None, help="Profile artifact (dustin, draft-only, target-only)."),
-    policy: str = typer.Option("full,dustin,streamingllm", help="Policies, comma-separated."),
-    budget: str = typer.Option("256", help="Budgets S, comma-separated."),
-    contexts: str = typer.Option("2048,4096,8192", help="Prompt lengths in tokens."),
-    depths: str = typer.Option("0,0.25,0.5,0.75,1", help="Needle depths in [0, 1]."),
-    trials: int = typer.Option(1, help="Prompts per context and depth."),
-    max_new_tokens: int = typer.Option(10, help="Greedy new tokens per prompt (the key has 5 digits)."),
-    gamma: int = typer.Option(4, help="Draft tokens per step."),
-    sinks: int | None = typer.Option(None, help="Sinks (default: the profile's, else 4)."),
-    window: int | None = typer.Option(None, help="Recent window (default: the profile's, else 64)."),
-    all_heads: bool = typer.Option(False, "--all-heads", help="No profile: every KV head scores."),
+    target: Target = "smollm2",
+    draft: Draft = "models/smollm2-draft",
+    profile: ProfileFile = None,
+    policy: Policies = "full,dustin,streamingllm",
+    budget: Budgets = "256",
+    contexts: Contexts = "2048,4096,8192",
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", help="Needle depths in [0, 1], comma-separated."),
+    trials: int = typer.Option(1, min=1, help="Prompts per context and depth."),
+    max_new_tokens: int = typer.Option(10, min=1, help="Greedy new tokens per prompt (the key has 5 digits)."),
+    gamma: Gamma = 4,
+    sinks: Sinks = None,
+    window: Window = None,
+    all_heads: AllHeads = False,
     filler: Path | None = typer.Option(None, help="Folder of .txt books for the filler (default: gutenberg eval)."),
-    dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32."),
-    device: str = typer.Option("auto", help="cuda | cpu."),
-    out_dir: Path = typer.Option(Path("results/passkey"), help="Output folder (resumable records inside)."),
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    out_dir: OutDir = Path("results/passkey"),
+    restart: Restart = False,
 ) -> None:
     """Passkey retrieval accuracy per policy over contexts x depths, with heatmaps."""
     from rich.progress import Progress
 
     from dustin_eval.corpus import gutenberg_split, read_filler
     from dustin_eval.passkey_eval import run_passkey
+    from dustin_runtime.files import FolderLock
 
-    runs, specs = _policy_runs(policy, budget, profile, sinks, window, all_heads)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads)
+    ctx = _ints(contexts, "--contexts")
     try:
-        ctx = [int(c) for c in contexts.split(",") if c.strip()]
         dps = [float(d) for d in depths.split(",") if d.strip()]
     except ValueError:
-        raise DustinError("--contexts takes integers and --depths numbers, comma-separated") from None
-    tgt, drf = _load_pair(target, draft, dtype, device)
-    limit = min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
-    if max(ctx) + max_new_tokens > limit:
-        raise DustinError(f"context {max(ctx)} + {max_new_tokens} new tokens exceeds the models' limit of {limit} "
-                          f"tokens; use --contexts up to {limit - max_new_tokens}")
-    make = _hooks_factory(specs, tgt, drf, measure_arr=False)
+        raise DustinError(f"--depths {depths!r}: expected comma-separated numbers in [0, 1]") from None
+    if not dps or not all(0.0 <= d <= 1.0 for d in dps):
+        raise DustinError(f"--depths {depths!r}: expected comma-separated numbers in [0, 1]")
     text = read_filler(filler or gutenberg_split("eval"), max_books=3)
-    with Progress(console=console) as bar:
-        task = bar.add_task("passkey", total=len(runs) * len(ctx) * len(dps) * trials)
-        rows = run_passkey(tgt.model, drf.model, tgt.tokenizer, filler_text=text, contexts=ctx, depths=dps,
-                           trials=trials, gamma=gamma, runs=runs, make_hooks=make, out_dir=out_dir,
-                           max_new_tokens=max_new_tokens,
-                           models={"target": tgt.model_id, "draft": drf.model_id},
-                           on_record=lambda r: bar.advance(task))
+    with FolderLock(out_dir):
+        tgt, drf = _load_pair(target, draft, dtype, device)
+        limit = min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
+        if max(ctx) + max_new_tokens > limit:
+            raise DustinError(f"context {max(ctx)} + {max_new_tokens} new tokens exceeds the models' limit of {limit} "
+                              f"tokens; use --contexts up to {limit - max_new_tokens}")
+        make, key = _bind(plans, tgt, drf, measure_arr=False)
+        with Progress(console=console) as bar:
+            task = bar.add_task("passkey", total=len(plans) * len(ctx) * len(dps) * trials)
+            rows = run_passkey(tgt.model, drf.model, tgt.tokenizer, filler_text=text, contexts=ctx, depths=dps,
+                               trials=trials, gamma=gamma, runs=list(plans), make_hooks=make, out_dir=out_dir,
+                               max_new_tokens=max_new_tokens, models={"target": tgt.model_id, "draft": drf.model_id},
+                               resume_key=key, restart=restart, on_record=lambda r: bar.advance(task))
     _print_rows("passkey retrieval accuracy", rows)
     console.print(f"wrote {out_dir}/passkey.{{json,csv,md}} and heatmaps")
 
@@ -571,56 +550,60 @@ def eval_passkey(
 def eval_longbench(
     data: Path = typer.Option(..., help="Folder of LongBench v1 <dataset>.jsonl files."),
     datasets: str | None = typer.Option(None, help="Datasets, comma-separated (default: those present of the 16 English)."),
-    target: str = typer.Option("smollm2", help="Target checkpoint."),
-    draft: str = typer.Option("models/smollm2-draft", help="Draft checkpoint (same tokenizer)."),
-    profile: Path | None = typer.Option(None, help="Profile artifact (dustin, draft-only, target-only)."),
-    policy: str = typer.Option("dustin", help="Policies, comma-separated (full = lossless speculative decoding)."),
-    budget: str = typer.Option("512", help="Budgets S, comma-separated."),
-    gamma: int = typer.Option(4, help="Draft tokens per step."),
-    max_length: int | None = typer.Option(None, help="Prompt truncation length (default: the target's context)."),
-    limit: int | None = typer.Option(None, help="First N samples of each dataset."),
-    batch_size: int = typer.Option(1, help="Prompts decoded together."),
-    sinks: int | None = typer.Option(None, help="Sinks (default: the profile's, else 4)."),
-    window: int | None = typer.Option(None, help="Recent window (default: the profile's, else 64)."),
-    all_heads: bool = typer.Option(False, "--all-heads", help="No profile: every KV head scores."),
-    dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32."),
-    device: str = typer.Option("auto", help="cuda | cpu."),
-    out_dir: Path = typer.Option(Path("results/longbench"), help="Output folder (resumable predictions inside)."),
+    target: Target = "smollm2",
+    draft: Draft = "models/smollm2-draft",
+    profile: ProfileFile = None,
+    policy: Policies = "dustin",
+    budget: Budgets = "512",
+    gamma: Gamma = 4,
+    max_length: int | None = typer.Option(None, min=1, help="Prompt truncation length (default: the target's context)."),
+    limit: int | None = typer.Option(None, min=1, help="First N samples of each dataset."),
+    batch_size: int = typer.Option(1, min=1, help="Prompts decoded together."),
+    sinks: Sinks = None,
+    window: Window = None,
+    all_heads: AllHeads = False,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    out_dir: OutDir = Path("results/longbench"),
+    restart: Restart = False,
 ) -> None:
     """LongBench (v1, English subsets): reference prompts, truncation and metrics, greedy decoding
     through each verification policy."""
     from dustin_eval.longbench_config import DATASETS
-    from dustin_eval.longbench_runner import RunMeta, run_longbench
+    from dustin_eval.longbench_runner import RunMeta, run_longbench, summarize_predictions
     from dustin_eval.runtime_generator import RuntimeGenerator
+    from dustin_runtime.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
-    runs, specs = _policy_runs(policy, budget, profile, sinks, window, all_heads)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads)
     if not data.is_dir():
         raise DustinError(f"{data}: no such folder")
     if datasets:
-        names = [d.strip() for d in datasets.split(",") if d.strip()]
+        names = _names(datasets)
         unknown = [d for d in names if d not in DATASETS]
-        if unknown:
-            raise DustinError(f"unknown LongBench dataset(s) {', '.join(unknown)}; known: {', '.join(DATASETS)}")
+        if unknown or not names:
+            raise DustinError(f"unknown LongBench dataset(s) {', '.join(unknown) or repr(datasets)}; "
+                              f"known: {', '.join(DATASETS)}")
     else:
         names = [d for d in DATASETS if (data / f"{d}.jsonl").is_file()]
         if not names:
             raise DustinError(f"{data}: none of the 16 English LongBench files (<dataset>.jsonl) is there")
-    tgt, drf = _load_pair(target, draft, dtype, device)
-    make = _hooks_factory(specs, tgt, drf, measure_arr=False)
-    limit_len = max_length or min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
-    for run in runs:
-        gen = RuntimeGenerator(tgt.model, drf.model, gamma=gamma, hooks_factory=lambda run=run: make(run),
-                               batch_size=batch_size)
-        meta = RunMeta(policy=run.policy, budget=run.budget, target=tgt.model_id, draft=drf.model_id,
-                       extra={"gamma": gamma, "profile": str(profile) if profile else None})
-        run_longbench(gen, tgt.tokenizer, meta, data_dir=data, out_dir=out_dir, max_length=limit_len,
-                             datasets=names, eos_ids=list(eos_ids(tgt.tokenizer, tgt.model.cfg.eos_token_ids)),
-                             limit=limit, on_record=lambda r: console.print(
-                                 f"{r['dataset']} {r['_id'][:8]} {r['policy']}@{r['budget']}: score {r['score']:.3f}",
-                                 highlight=False))
-    from dustin_eval.longbench_runner import summarize_predictions
-
+    with FolderLock(out_dir):
+        tgt, drf = _load_pair(target, draft, dtype, device)
+        make, key = _bind(plans, tgt, drf, measure_arr=False)
+        limit_len = max_length or min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
+        common = {k: v for k, v in key.items() if k != "runs"}
+        for run in plans:
+            gen = RuntimeGenerator(tgt.model, drf.model, gamma=gamma, hooks_factory=lambda run=run: make(run),
+                                   batch_size=batch_size)
+            meta = RunMeta(policy=run.policy, budget=run.budget, target=tgt.model_id, draft=drf.model_id,
+                           extra={"gamma": gamma, "profile": str(profile) if profile else None})
+            run_longbench(gen, tgt.tokenizer, meta, data_dir=data, out_dir=out_dir, max_length=limit_len,
+                          datasets=names, eos_ids=list(eos_ids(tgt.tokenizer, tgt.model.cfg.eos_token_ids)),
+                          batch_size=batch_size, limit=limit, resume_key={**common, "run": key["runs"][run.label]},
+                          restart=restart, on_record=lambda r: console.print(
+                              f"{r['dataset']} {r['_id'][:8]} {r['policy']}@{r['budget']}: score {r['score']:.3f}",
+                              highlight=False))
     _print_rows("LongBench", summarize_predictions(out_dir))
     console.print(f"wrote {out_dir}/summary.{{csv,md,json}}")
 
@@ -639,28 +622,35 @@ def _print_rows(title: str, rows: list[dict]) -> None:
     console.print(t)
 
 
-def main() -> None:
-    """Entry point of the console script: runs the app, turning `DustinError` into one line."""
-    try:
-        app(standalone_mode=False)
-    except DustinError as e:
-        err_console.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
-        sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors arrive here with standalone_mode=False
-        import click
+def _fail(message: str, code: int) -> None:
+    """One line on stderr (newlines in a message folded), then exit with `code`."""
+    line = " ".join(message.split())
+    err_console.print(Text.assemble(("error: ", "bold red"), line), highlight=False, soft_wrap=True)
+    sys.exit(code)
 
-        # typer >= 0.26 raises its vendored click's exceptions: match those by shape too
-        if isinstance(e, click.exceptions.ClickException) or (hasattr(e, "show") and hasattr(e, "exit_code")):
+
+def main() -> None:
+    """Entry point of the console script. Every bad input, ours (`DustinError`) or a usage error of
+    the option parser, is one line on stderr and exit code 2; Ctrl-C is one line and exit 130."""
+    try:
+        code = app(standalone_mode=False)  # typer returns 130 for Ctrl-C, and the code of an Exit
+    except DustinError as e:
+        _fail(str(e), 2)
+    except KeyboardInterrupt:
+        code = 130
+    except (typer.Exit, typer.Abort) as e:  # raised outside the command (typer turns them into codes inside)
+        code = getattr(e, "exit_code", 1)
+    except Exception as e:
+        # click usage errors (typer >= 0.26 raises its vendored click's: matched by shape)
+        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+            raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # `dustin` alone: the help, as click prints it
             e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort) or type(e).__name__ == "Abort":
-            sys.exit(1)
-        raise
+            sys.exit(2)
+        _fail(e.format_message(), 2)
+    if code == 130:
+        _fail("interrupted", 130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
