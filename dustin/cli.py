@@ -385,8 +385,7 @@ def eval_acceptance(
             console.print(f"context {r['context']} {r['policy']:>12} S={r['budget']}: tau {r['tau']:.3f}{arr} "
                           f"({r['steps']} steps, {r['decode_s']:.0f} s)", highlight=False)
 
-        ident = {**run_identity(tgt, drf), "all_heads": all_heads,
-                 "profile_sha256": loaded.sha256 if loaded else None}
+        ident = {**run_identity(tgt, drf), "all_heads": all_heads, "profile": loaded.content if loaded else None}
         records = acc.run_acceptance(tgt, drf, configs, cfg, runs, resume_key_extra=ident, restart=restart,
                                      on_record=show)
         extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs)}
@@ -600,7 +599,7 @@ def eval_longbench(
                            extra={"gamma": gamma, "profile": str(profile) if profile else None})
             run_longbench(gen, tgt.tokenizer, meta, data_dir=data, out_dir=out_dir, max_length=limit_len,
                           datasets=names, eos_ids=list(eos_ids(tgt.tokenizer, tgt.model.cfg.eos_token_ids)),
-                          batch_size=batch_size, limit=limit, resume_key={**common, "run": key["runs"][run.label]},
+                          batch_size=batch_size, limit=limit, resume_key={**common, "gamma": gamma, "run": key["runs"][run.label]},
                           restart=restart, on_record=lambda r: console.print(
                               f"{r['dataset']} {r['_id'][:8]} {r['policy']}@{r['budget']}: score {r['score']:.3f}",
                               highlight=False))

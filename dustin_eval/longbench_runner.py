@@ -97,8 +97,9 @@ def run_longbench(
     eos_ids: stop ids (default: the tokenizer's eos); samsum adds the newline token.
     limit: only the first `limit` samples of each dataset.
     resume_key: what else changes the predictions besides `meta` and the arguments (the models'
-        hashes, dtype, device, the policy's settings); a re-run into the same run folder resumes
-        only when all of it matches, and `restart` discards the run's predictions.
+        hashes, dtype, device, gamma, the policy's settings; `meta.extra` is provenance only); a
+        re-run into the same run folder resumes only when all of it matches, and `restart`
+        discards the run's predictions.
     Finished samples are appended to the predictions file at once; re-running with the same
     arguments continues where a crash stopped. Writes summary.csv/md/json over all runs in out_dir.
     """
@@ -123,7 +124,7 @@ def run_longbench(
             "eos_ids": list(eos_ids),
         }
         key = {"policy": meta.policy, "budget": meta.budget, "target": meta.target, "draft": meta.draft,
-               "extra": dict(meta.extra), "max_length": max_length, "batch_size": batch_size,
+               "max_length": max_length, "batch_size": batch_size,
                "eos_ids": list(eos_ids), "chat_template_kwargs": chat_template_kwargs, **dict(resume_key or {})}
         if restart:
             (run_dir / "run.json").unlink(missing_ok=True)

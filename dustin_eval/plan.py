@@ -36,17 +36,19 @@ class PolicyRun:
 
 @dataclass(frozen=True)
 class LoadedProfile:
-    """A validated profile with where it came from and its file's sha256."""
+    """A validated profile with where it came from, its file's sha256 (provenance) and its content
+    hash (resume keys: the same profiling run made again hashes the same)."""
 
     profile: Profile
     path: str
     sha256: str
+    content: str
 
 
 def read_profile(path: str | Path) -> LoadedProfile:
     """Load and validate a profile JSON once (it is shared by every run of a command)."""
     prof = load_profile(path)
-    return LoadedProfile(prof, str(path), hashlib.sha256(Path(path).read_bytes()).hexdigest())
+    return LoadedProfile(prof, str(path), hashlib.sha256(Path(path).read_bytes()).hexdigest(), prof.content_hash())
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class SparsePlan:
             return {"policy": self.policy}
         sparse = {k: v for k, v in asdict(cfg).items() if k != "source"}
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
-                "profile_sha256": self.profile.sha256 if self.profile else None}
+                "profile": self.profile.content if self.profile else None}
 
 
 def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget: int | None, sinks: int | None,

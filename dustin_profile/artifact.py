@@ -94,6 +94,16 @@ class Profile:
                             draft_heads=heads(self.draft_heads), target_heads=heads(self.target_heads),
                             aggregation=self.aggregation, source=source)
 
+    def content_hash(self) -> str:
+        """sha256 of what Algorithm 1 found and on which data: the JSON without its creation time,
+        tool version, commit and run record (command, timings), so profiling again with the same
+        settings gives the same hash (resume keys use it)."""
+        d = self.to_dict()
+        for k in ("created", "tool_version", "git_commit"):
+            d.pop(k)
+        d["calibration"] = {k: v for k, v in d["calibration"].items() if k != "run"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["m_by_budget"] = {str(k): v for k, v in sorted(self.m_by_budget.items())}

@@ -34,7 +34,7 @@ from dustin_profile.search import (
 from dustin_profile.tables import write_tables
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import FolderLock, atomic_path, check_resume_key, move_into
+from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
 
 WORK_VERSION = 1
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,11 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
 
     console = console or Console(stderr=True)
     cfg.check()
-    with FolderLock(Path(cfg.out).with_suffix(".work"), ".lock"):
+    out = Path(cfg.out)
+    with FolderLock(out.with_suffix(".work"), ".lock"):
+        for f in out.parent.glob(f".{out.name}.*"):  # the JSON's temp file, if a kill cut its write
+            if TEMP_NAME.match(f.name):
+                f.unlink(missing_ok=True)
         return _run(cfg, command, console, restart)
 
 

@@ -11,12 +11,16 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from dustin_runtime.errors import DustinError
+
+
+TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")  # atomic_path's temp names
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -156,6 +160,9 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._held[self._key] = (fd, 1)
+        for f in self.path.parent.iterdir():  # temp files of a killed atomic write: ours to remove now
+            if TEMP_NAME.match(f.name) and f.is_file():
+                f.unlink(missing_ok=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -172,17 +179,19 @@ def _show(v) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def _differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
-    """(setting, old, new) for each differing setting; under "runs" (label -> settings of one
-    policy run) only the labels both hold are compared: a run may add policies or budgets."""
+def _differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(setting, old, new) for each differing leaf setting, nested ones as dotted paths; under
+    "runs" (label -> settings of one policy run) only labels both hold are compared: a run may add
+    policies or budgets."""
     out = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k), new.get(k)
-        if k == "runs" and isinstance(a, dict) and isinstance(b, dict):
-            out += [(f"{label}.{s}", x, y) for label in sorted(set(a) & set(b))
-                    for s, x, y in _differences(a[label], b[label])]
+        if isinstance(a, dict) and isinstance(b, dict):
+            if k == "runs" and not prefix:
+                a, b = ({x: d[x] for x in set(a) & set(b)} for d in (a, b))
+            out += _differences(a, b, f"{prefix}{k}.")
         elif a != b:
-            out.append((k, a, b))
+            out.append((f"{prefix}{k}", a, b))
     return out
 
 

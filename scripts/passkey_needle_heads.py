@@ -6,19 +6,19 @@ needle rows the every-head (target-only) ranking keeps at S = 256.
     python scripts/passkey_needle_heads.py [profiles/smollm2-draft.json]
 """
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from dustin_eval.passkey import make_passkey_prompt
+from dustin_profile.artifact import load_profile
 from dustin_profile.groundtruth import record_window
 from dustin_runtime import pipeline
 
 
 def main(profile: str = "profiles/smollm2-draft.json") -> None:
-    heads = [(h["layer"], h["kv_head"]) for h in json.loads(Path(profile).read_text())["target_heads"]]
+    heads = [(h.layer, h.kv_head) for h in load_profile(profile).target_heads]
     tgt = pipeline.load("smollm2", dtype=torch.float32, device="cpu")
     drf = pipeline.load("models/smollm2-draft", dtype=torch.float32, device="cpu")
     filler = "\n".join(p.read_text() for p in sorted(Path("../shared/corpus/gutenberg/eval").glob("*.txt"))[:3])

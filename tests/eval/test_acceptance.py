@@ -13,7 +13,7 @@ from dustin_runtime.pipeline import load_pair
 from dustin_runtime.policies import make_policy
 from dustin_runtime.sparse import SparseConfig
 from dustin_runtime.speculative import speculative_generate
-from tests.cli.test_decode_cli import tiny_with_tokenizer
+from tests.conftest import tiny_with_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -244,30 +244,21 @@ def test_truncation_to_max_length_minus_generation(tmp_path, data_dir):
     assert all(c["max_new_tokens"] == [32] for c in gen.calls[3:])
 
 
-def test_other_run_in_same_folder_is_refused(tmp_path, data_dir):
+def test_other_run_in_same_folder_is_refused_then_restart(tmp_path, data_dir):
     tok = CharTokenizer()
     out = tmp_path / "out"
-    run_longbench(
-        ScriptedGenerator(tok, oracle),
-        tok,
-        META,
-        data_dir=data_dir,
-        out_dir=out,
-        max_length=4096,
-        datasets=["trec"],
-        limit=1,
-    )
+    kw = dict(data_dir=data_dir, out_dir=out, max_length=4096, datasets=["trec"], limit=1)
+    run_longbench(ScriptedGenerator(tok, oracle), tok, META, resume_key={"gamma": 4}, **kw)
     other = RunMeta(policy="dustin", budget=512, target="another/target", draft="fake/draft")
-    with pytest.raises(DustinError, match="another run"):
-        run_longbench(
-            ScriptedGenerator(tok, oracle),
-            tok,
-            other,
-            data_dir=data_dir,
-            out_dir=out,
-            max_length=4096,
-            datasets=["trec"],
-        )
+    with pytest.raises(DustinError, match=r'other settings \(target: "fake/target" -> "another/target"\).*--restart'):
+        run_longbench(ScriptedGenerator(tok, oracle), tok, other, resume_key={"gamma": 4}, **kw)
+    with pytest.raises(DustinError, match=r"other settings \(gamma: 4 -> 5\)"):
+        run_longbench(ScriptedGenerator(tok, oracle), tok, META, resume_key={"gamma": 5}, **kw)
+    path = out / "predictions" / "dustin-512" / "trec.jsonl"
+    assert [r["target"] for r in read_jsonl(path)] == ["fake/target"]  # nothing was mixed in
+    gen = ScriptedGenerator(tok, oracle)
+    run_longbench(gen, tok, other, restart=True, **kw)
+    assert len(gen.calls) == 1 and [r["target"] for r in read_jsonl(path)] == ["another/target"]
 
 
 def test_bad_inputs(tmp_path, data_dir):

@@ -80,7 +80,7 @@ def test_other_arguments_refused_then_restart(first, tmp_path):
     cfg, _ = first
     out = tmp_path / "r.json"
     run_profile(replace(cfg, out=str(out), windows=1), console=quiet())
-    with pytest.raises(DustinError, match=r"other settings \(gamma\).*--restart"):
+    with pytest.raises(DustinError, match=r"other settings \(gamma: 3 -> 2\).*--restart"):
         run_profile(replace(cfg, out=str(out), windows=1, gamma=2), console=quiet())
     res = run_profile(replace(cfg, out=str(out), windows=1, gamma=2), console=quiet(), restart=True)
     assert res.recorded == 1 and res.profile.gamma == 2

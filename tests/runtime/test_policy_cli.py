@@ -12,7 +12,7 @@ import pytest
 from dustin_profile.artifact import HeadChoice, Profile, model_info
 from dustin_runtime.loader import load_model
 from dustin_runtime.tokenizer import load_tokenizer, vocab_hash
-from tests.cli.test_decode_cli import assert_one_line_error, tiny_with_tokenizer
+from tests.conftest import assert_one_line_error, tiny_with_tokenizer
 
 
 def run(*args, ok=False):

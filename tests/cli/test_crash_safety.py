@@ -1,0 +1,203 @@
+"""Crash safety through the CLI, with real signals: `dustin profile` killed with SIGKILL in every
+phase and re-run gives the artifact of an uninterrupted run, as does `eval longbench`; a second
+run on a locked output is refused naming the first's pid; Ctrl-C exits 130 with one line; a re-run
+with other settings is refused naming them, and --restart discards the old records."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import assert_one_line_error, write_profile
+
+REPO = Path(__file__).resolve().parents[2]
+WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
+         "answer across never little stone between under light voice long").split()
+
+
+def start(*args, cwd=REPO, env=None):
+    """`python -m dustin.cli ARGS` as a plain subprocess (the signal tests need a real one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "dustin.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+
+
+def wait_for(proc, cond, timeout=120.0) -> bool:
+    """Poll `cond()` every few ms while `proc` runs; True when it held before the process ended."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.005)
+    raise AssertionError("timed out")
+
+
+def lines(path) -> int:
+    return Path(path).read_text().count("\n") if Path(path).exists() else 0
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, small_models, cli):
+    """Books for calibration and PG-19, LongBench-style trec samples, two profiles of the pair."""
+    import random
+
+    root = tmp_path_factory.mktemp("crash")
+    rng = random.Random(0)
+    books = root / "books"
+    books.mkdir()
+    for i in range(3):
+        (books / f"b{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(600)))
+    lb = root / "longbench"
+    lb.mkdir()
+    with open(lb / "trec.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({
+                "input": f"What is the {rng.choice(WORDS)} of the {rng.choice(WORDS)}?", "answers": ["Entity"],
+                "context": "\n".join(f"Question: what {rng.choice(WORDS)} {rng.choice(WORDS)}?\nType: Entity"
+                                     for _ in range(20)),
+                "length": 100, "dataset": "trec", "language": "en", "all_classes": ["Entity", "Location"],
+                "_id": f"trec-{i}"}) + "\n")
+    t, d = small_models["target"], small_models["draft"]
+    return {"root": root, "books": books, "lb": lb, "T": t, "D": d,
+            "P1": write_profile(root / "p1.json", t, d), "P2": write_profile(root / "p2.json", t, d, m=10)}
+
+
+def profile_args(data, out, *extra):
+    return ["profile", "--target", data["T"], "--draft", data["D"], "--calib", data["books"], "--context", "256",
+            "--windows", "6", "--positions", "4", "--budget", "64", "--gamma", "3", "--sinks", "4", "--window", "16",
+            "--budgets", "32,64", "--max-heads", "3", "--epsilon", "0", "--out", out, *extra]
+
+
+def artifact(out: Path):
+    """The profile JSON without what differs between runs (time, seconds, command, windows recorded
+    by this run) and its tables' data."""
+    d = json.loads(out.read_text())
+    d.pop("created")
+    d["calibration"].pop("run")
+    tables = {name: pd.read_parquet(out.parent / f) for name, f in d["tables"].items() if f.endswith(".parquet")}
+    plots = {name: (out.parent / f).read_bytes() for name, f in d["tables"].items() if f.endswith(".png")}
+    return d, tables, plots
+
+
+def test_profile_killed_in_every_phase_gives_the_uninterrupted_artifact(cli, data, tmp_path):
+    ref = tmp_path / "ref" / "p.json"
+    assert cli(*profile_args(data, ref)).returncode == 0
+    out = tmp_path / "killed" / "p.json"
+    work = out.with_suffix(".work")
+    phases = {  # kill -9 as soon as the run reaches ...
+        "models loaded, windows to record": lambda: (work / "meta.json").exists(),
+        "some windows recorded": lambda: (work / "w002.pt").exists(),
+        "tables staged, plots being drawn": lambda: (work / "p.rounds.parquet").exists(),
+        "artifacts being published": lambda: (out.parent / "p.rounds.parquet").exists(),
+    }
+    landed = []
+    for phase, cond in phases.items():
+        proc = start(*profile_args(data, out))
+        if wait_for(proc, cond):
+            proc.send_signal(signal.SIGKILL)
+            landed.append(phase)
+        proc.wait(timeout=60)
+        if phase != "artifacts being published":  # the last phase is a few milliseconds: it may finish first
+            assert proc.returncode == -signal.SIGKILL, (phase, proc.stderr.read())
+    assert len(landed) >= 3, landed
+    p = cli(*profile_args(data, out))
+    assert p.returncode == 0, p.stderr
+    got, want = artifact(out), artifact(ref)
+    assert got[0] == want[0]
+    assert got[1].keys() == want[1].keys()
+    for name in want[1]:
+        pd.testing.assert_frame_equal(got[1][name], want[1][name])
+    assert got[2] == want[2]
+    assert sorted(f.name for f in work.iterdir()) == [".lock", "meta.json"] + [f"w{i:03d}.pt" for i in range(6)]
+    assert not [f for f in out.parent.iterdir() if f.name.startswith(".")]  # no temp file left
+
+
+def lb_args(data, out, *extra):
+    return ["eval", "longbench", "--data", data["lb"], "--datasets", "trec", "--target", data["T"], "--draft",
+            data["D"], "--policy", "full", "--out-dir", out, *extra]
+
+
+def predictions(out):
+    recs = [json.loads(x) for x in (out / "predictions" / "full-full" / "trec.jsonl").read_text().splitlines()]
+    return sorted(({k: v for k, v in r.items() if k != "stats"} for r in recs), key=lambda r: r["_id"])
+
+
+def test_longbench_killed_then_rerun_equals_uninterrupted(cli, data, tmp_path):
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    assert cli(*lb_args(data, ref, "--limit", "6")).returncode == 0
+    proc = start(*lb_args(data, out, "--limit", "6"))
+    assert wait_for(proc, lambda: lines(out / "predictions" / "full-full" / "trec.jsonl") >= 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    p = cli(*lb_args(data, out, "--limit", "6"))
+    assert p.returncode == 0, p.stderr
+    assert predictions(out) == predictions(ref) and len(predictions(ref)) == 6
+    rows = [{k: v for k, v in r.items() if "seconds" not in k} for r in json.loads((out / "summary.json").read_text())["rows"]]
+    assert rows == [{k: v for k, v in r.items() if "seconds" not in k}
+                    for r in json.loads((ref / "summary.json").read_text())["rows"]]
+
+
+def test_locked_profile_output_and_ctrl_c(cli, data, tmp_path):
+    out = tmp_path / "p.json"
+    proc = start(*profile_args(data, out), "--windows", "60")
+    assert wait_for(proc, lambda: (out.with_suffix(".work") / "w000.pt").exists())
+    second = cli(*profile_args(data, out))
+    assert_one_line_error(second, f"in use by another dustin run (pid {proc.pid})", code=2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"]
+
+
+def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path):
+    out = tmp_path / "lb"
+    records = out / "predictions" / "full-full" / "trec.jsonl"
+    proc = start(*lb_args(data, out, "--limit", "300"))
+    assert wait_for(proc, lambda: lines(records) >= 1)
+    second = cli(*lb_args(data, out, "--limit", "1"))
+    assert_one_line_error(second, f"in use by another dustin run (pid {proc.pid})", code=2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"]
+    done = lines(records)
+    assert 1 <= done < 300
+    p = cli(*lb_args(data, out, "--limit", str(done + 1)))  # resumes: only one sample decoded
+    assert p.returncode == 0, p.stderr
+    assert lines(records) == done + 1 and p.stdout.count(" full@None: score ") == 1
+
+
+def test_other_settings_refused_and_restart(cli, data, tmp_path):
+    pg = ["eval", "pg19", "--data", data["books"], "--target", data["T"], "--draft", data["D"], "--context", "48",
+          "--eval-tokens", "10", "--windows", "1", "--policy", "full,streamingllm", "--budget", "16",
+          "--sinks", "2", "--out-dir", tmp_path / "pg"]
+    assert cli(*pg, "--window", "4").returncode == 0
+    assert_one_line_error(cli(*pg, "--window", "6"), "records made with other settings",
+                          "runs.streamingllm@16.sparse.window: 4 -> 6", "--restart", code=2)
+    assert cli(*pg[:-6], "--budget", "16,24", *pg[-4:], "--window", "4").returncode == 0  # another budget: added
+    assert cli(*pg, "--window", "6", "--restart").returncode == 0
+    recs = [json.loads(x) for x in (tmp_path / "pg" / "records-48.jsonl").read_text().splitlines()]
+    assert [r["policy_stats"]["window"] for r in recs if r["policy"] == "streamingllm"] == [6]
+
+    lb = lb_args(data, tmp_path / "lb", "--limit", "1")
+    assert cli(*lb, "--gamma", "3").returncode == 0
+    assert_one_line_error(cli(*lb, "--gamma", "4"), "gamma: 3 -> 4", code=2)
+
+    pk = ["eval", "passkey", "--filler", data["books"], "--target", data["T"], "--draft", data["D"], "--contexts",
+          "160", "--depths", "0.5", "--policy", "dustin", "--budget", "40", "--max-new-tokens", "2",
+          "--out-dir", tmp_path / "pk"]
+    assert cli(*pk, "--profile", data["P1"]).returncode == 0
+    assert_one_line_error(cli(*pk, "--profile", data["P2"]), "runs.dustin@40.profile", code=2)
+
+    acc = ["eval", "acceptance", "--target", data["T"], "--draft", data["D"], "--books-dir", data["books"],
+           "--contexts", "64", "--windows", "1", "--max-new-tokens", "3", "--budgets", "32", "--policies",
+           "full,streamingllm", "--sinks", "2", "--out-dir", tmp_path / "acc", "--name", "x"]
+    assert cli(*acc, "--window", "8").returncode == 0
+    assert_one_line_error(cli(*acc, "--window", "6"), "runs.S=32.window: 8 -> 6", code=2)

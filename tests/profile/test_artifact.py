@@ -1,0 +1,67 @@
+"""Profile.to_sparse_config: the profile's heads and aggregation, its calibrated m where it has
+one, else m scaled by the runtime's one rule (the same as SparseConfig.with_budget), clipped when
+sinks/window are overridden; and field types refused at load time."""
+
+import json
+
+import pytest
+
+from dustin_profile.artifact import HeadChoice, ModelInfo, Profile, load_profile
+from dustin_runtime.errors import DustinError
+
+INFO = ModelInfo("m", "c", "t", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+def profile(**kw):
+    base = dict(tool_version="t", git_commit="g", created="c", target=INFO, draft=INFO, gamma=4, budget=512,
+                sinks=4, window=64, m=111, m_by_budget={256: 50}, draft_heads=(HeadChoice(0, 1, (2, 3)),),
+                target_heads=(HeadChoice(1, 0, (0, 1)),), arr=0.9, arr_baselines={}, calibration={},
+                online_cost={}, aggregation="max")
+    return Profile(**{**base, **kw})
+
+
+def test_to_sparse_config():
+    p = profile()
+    cfg = p.to_sparse_config(source="p.json")
+    assert (cfg.budget, cfg.sinks, cfg.window, cfg.m, cfg.aggregation, cfg.source) == (512, 4, 64, 111, "max", "p.json")
+    assert cfg.draft_heads == ((0, 1, (2, 3)),) and cfg.target_heads == ((1, 0, (0, 1)),)
+    assert p.to_sparse_config(256).m == 50  # calibrated at that budget
+    for budget in (128, 1024, 4096):  # scaled: the runtime's rule, one definition
+        assert p.to_sparse_config(budget).m == cfg.with_budget(budget).m
+    assert p.to_sparse_config(1024).m == round(111 / 444 * 956)
+    small = p.to_sparse_config(128, sinks=4, window=120)  # overridden: clipped to the 4 free rows
+    assert small.m == 4 and small.free == 4
+    with pytest.raises(DustinError, match="smaller than sinks \\+ window"):
+        p.to_sparse_config(32)
+
+
+def test_content_hash_ignores_when_and_how_long():
+    p = profile(calibration={"sha256": "x", "run": {"seconds": 1}})
+    again = profile(created="later", git_commit="other", calibration={"sha256": "x", "run": {"seconds": 2}})
+    assert p.content_hash() == again.content_hash()
+    assert p.content_hash() != profile(calibration={"sha256": "y"}).content_hash() != profile(m=3).content_hash()
+
+
+def test_no_heads():
+    assert profile().has_heads and not profile(draft_heads=(), target_heads=()).has_heads
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("sinks", "4", "field sinks must be an integer"), ("budget", None, "field budget must be an integer"),
+    ("window", 64.0, "field window must be an integer"), ("gamma", False, "field gamma must be an integer"),
+    ("arr", "0.9", "field arr must be a number"), ("m_by_budget", {"256": "50"}, "m_by_budget must map"),
+    ("gamma", 0, "gamma 0 and budget 512 must be >= 1"), ("sinks", -1, "sinks -1 and window 64 >= 0"),
+    ("m_by_budget", {"256": 500}, "m_by_budget[256] is outside"),
+])
+def test_wrong_types_and_ranges_refused(tmp_path, field, value, needle):
+    d = {**profile().to_dict(), field: value}
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(DustinError) as e:
+        load_profile(tmp_path / "p.json")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_round_trip_and_atomic_save(tmp_path):
+    p = profile()
+    path = p.save(tmp_path / "sub" / "p.json")
+    assert load_profile(path) == p and [f.name for f in path.parent.iterdir()] == ["p.json"]

@@ -1,0 +1,94 @@
+"""dustin_runtime.files: atomic writes leave the old file or the new one, appends survive a torn
+line, the folder lock refuses another process, and resume keys refuse other settings."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dustin_eval.jsonl import append_jsonl, read_jsonl, repair_jsonl
+from dustin_runtime.errors import DustinError
+from dustin_runtime.files import FolderLock, atomic_path, atomic_write, check_resume_key
+
+
+def test_atomic_write_replaces_or_keeps(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    atomic_write(path, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old"
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temp file left
+    atomic_write(path, b"new")
+    assert path.read_text() == "new"
+    with atomic_path(tmp_path / "plot.png") as tmp:
+        assert tmp.suffix == ".png" and tmp.parent == tmp_path  # writers read the format from the name
+
+
+def test_write_into_a_file_is_one_error(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(DustinError, match="a file of that name exists"):
+        atomic_write(tmp_path / "f" / "r.json", "x")
+
+
+def test_torn_last_line_is_dropped_and_repaired(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, {"a": 1})
+    append_jsonl(path, {"b": "é"})
+    with open(path, "ab") as f:
+        f.write('{"c": "é'.encode()[:-1])  # a kill in the middle of a line, even of a character
+    assert read_jsonl(path) == [{"a": 1}, {"b": "é"}]
+    assert repair_jsonl(path) == [{"a": 1}, {"b": "é"}]
+    append_jsonl(path, {"d": 4})
+    assert read_jsonl(path) == [{"a": 1}, {"b": "é"}, {"d": 4}]
+    path.write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    with pytest.raises(DustinError, match="r.jsonl:2: not a JSON line"):
+        read_jsonl(path)
+
+
+def test_folder_lock_refuses_another_process_and_nests(tmp_path):
+    probe = ("import sys; from dustin_runtime.files import FolderLock\n"
+             "try:\n    FolderLock(sys.argv[1]).__enter__(); print('locked')\n"
+             "except Exception as e:\n    print(e)")
+    (tmp_path / "out").mkdir()
+    stale = tmp_path / "out" / ".r.json.abcd1234.tmp.json"  # left by a kill during an atomic write
+    stale.write_text("{")
+    with FolderLock(tmp_path / "out"):
+        assert not stale.exists()
+        with FolderLock(tmp_path / "out"):  # the CLI locks, then the harness it calls
+            pass
+        p = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "out")], capture_output=True, text=True)
+        assert f"is in use by another dustin run (pid {os.getpid()})" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "out")], capture_output=True, text=True)
+    assert p.stdout.strip() == "locked"  # released on exit
+
+
+def test_resume_key_refuses_other_settings_and_restart_discards(tmp_path):
+    key_path, records = tmp_path / "k.json", tmp_path / "r.jsonl"
+    key = {"gamma": 4, "models": {"target": "t"}, "runs": {"full": {"policy": "full"}}}
+    check_resume_key(key_path, key, (records,))
+    records.write_text('{"x": 1}\n')
+    check_resume_key(key_path, key, (records,))  # same settings: resume
+    more = {**key, "runs": {**key["runs"], "dustin@64": {"window": 8}}}
+    check_resume_key(key_path, more, (records,))  # a new run is added, not a difference
+    assert set(json.loads(key_path.read_text())["runs"]) == {"full", "dustin@64"}
+    other = {**more, "runs": {"dustin@64": {"window": 16}}, "models": {"target": "u"}}
+    with pytest.raises(DustinError, match=r"other settings \(models.target: \"t\" -> \"u\"; "
+                                          r"runs.dustin@64.window: 8 -> 16\).*--restart"):
+        check_resume_key(key_path, other, (records,))
+    assert records.exists()
+    check_resume_key(key_path, other, (records,), restart=True)
+    assert not records.exists() and json.loads(key_path.read_text())["models"] == {"target": "u"}
+
+
+def test_records_without_a_key_are_refused(tmp_path):
+    records = tmp_path / "r.jsonl"
+    records.write_text('{"x": 1}\n')
+    (tmp_path / "k.json").write_text("")  # torn by a kill (an older dustin wrote it in place)
+    with pytest.raises(DustinError, match="records without a resume key.*--restart"):
+        check_resume_key(tmp_path / "k.json", {"a": 1}, (records,))
+    check_resume_key(tmp_path / "k.json", {"a": 1}, (records,), restart=True)
+    assert not records.exists()
