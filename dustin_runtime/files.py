@@ -19,7 +19,6 @@ from pathlib import Path
 
 from dustin_runtime.errors import DustinError
 
-
 TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")  # atomic_path's temp names
 
 
