@@ -37,6 +37,11 @@ app.add_typer(bench_app, name="bench")
 console = Console(width=None if sys.stdout.isatty() else 150)  # tables stay readable in logs
 err_console = Console(stderr=True)
 
+# Range of token counts (contexts, budgets, new tokens: beyond any model's context) and of other counts
+# (windows, trials, batch sizes: beyond any useful run); larger values are refused with one line.
+MAX_TOKENS = 1 << 24
+MAX_COUNT = 1 << 16
+
 # Options shared by several commands, defined once (defaults stay with each command).
 Target = Annotated[str | None, typer.Option(help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'.")]
 Draft = Annotated[str | None, typer.Option(help="Draft checkpoint (same tokenizer as the target).")]
@@ -45,24 +50,24 @@ ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile art
 Policies = Annotated[str, typer.Option("--policy", "--policies", help="Policies, comma-separated: full, dustin, "
                                        "draft-only, target-only, streamingllm, quest, oracle ('all': every one).")]
 Budgets = Annotated[str, typer.Option("--budget", "--budgets", help="Verification budgets S, comma-separated.")]
-Sinks = Annotated[int | None, typer.Option(min=0, help="Attention sinks always verified (default: the profile's, "
+Sinks = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS, help="Attention sinks always verified (default: the profile's, "
                                                        "else 4).")]
-Window = Annotated[int | None, typer.Option(min=0, help="Recent window always verified (default: the profile's, "
+Window = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS, help="Recent window always verified (default: the profile's, "
                                                         "else 64).")]
 AllHeads = Annotated[bool, typer.Option("--all-heads", help="dustin without a profile: every KV head scores.")]
-Gamma = Annotated[int, typer.Option(min=1, help="Draft tokens per step (gamma + 1 verification queries).")]
-NewTokens = Annotated[int, typer.Option(min=1, help="New tokens per sequence.")]
+Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT, help="Draft tokens per step (gamma + 1 verification queries).")]
+NewTokens = Annotated[int, typer.Option(min=1, max=MAX_TOKENS, help="New tokens per sequence.")]
 Contexts = Annotated[str, typer.Option("--contexts", help="Prompt lengths in tokens, comma-separated.")]
 Dtype = Annotated[str, typer.Option(help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU).")]
 Device = Annotated[str, typer.Option(help="cuda | cpu (auto: cuda when available).")]
-Seed = Annotated[int, typer.Option(help="Seed (data order, sampling).")]
+Seed = Annotated[int, typer.Option(min=0, max=(1 << 63) - 1, help="Seed (data order, sampling).")]
 OutDir = Annotated[Path, typer.Option(help="Output folder: resumable records inside, locked while a run writes.")]
 Restart = Annotated[bool, typer.Option("--restart", help="Discard the records an earlier run left in the same "
                                                          "output (needed to change its settings).")]
 
 
-def _ints(text: str, option: str, minimum: int = 1) -> list[int]:
-    """A comma-separated list of integers >= `minimum`, or one clear error naming the option."""
+def _ints(text: str, option: str, minimum: int = 1, maximum: int = MAX_TOKENS) -> list[int]:
+    """A comma-separated list of integers in [minimum, maximum], or one clear error naming the option."""
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -72,6 +77,9 @@ def _ints(text: str, option: str, minimum: int = 1) -> list[int]:
     bad = [v for v in vals if v < minimum]
     if bad:
         raise DustinError(f"{option}: {bad[0]} is below {minimum}")
+    big = [v for v in vals if v > maximum]
+    if big:
+        raise DustinError(f"{option}: {big[0]} is above {maximum}")
     return vals
 
 
@@ -146,12 +154,12 @@ def bench_decode(
     config: str = typer.Option("qwen2.5-7b", help="Target model shape (see dustin_runtime/presets.py)."),
     draft: str | None = typer.Option(None, help="Draft model shape (default: the usual draft)."),
     random_weights: bool = typer.Option(True, "--random-weights", help="Random weights at the real shape."),
-    batch: int = typer.Option(16, min=1, help="Sequences per step."),
-    context: int = typer.Option(32768, min=1, help="Tokens already in the cache."),
+    batch: int = typer.Option(16, min=1, max=MAX_COUNT, help="Sequences per step."),
+    context: int = typer.Option(32768, min=1, max=MAX_TOKENS, help="Tokens already in the cache."),
     gamma: Gamma = 4,
     hf_baseline: bool = typer.Option(False, help="Also time Hugging Face transformers in the same process."),
-    budget: int = typer.Option(512, min=1, help="S of the dustin sparse verification step."),
-    srh: int = typer.Option(4, min=1, help="Retrieval KV heads of the dustin step (over 2 layers)."),
+    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="S of the dustin sparse verification step."),
+    srh: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of the dustin step (over 2 layers)."),
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for decode-<config>-<context>-<batch>.json."),
 ) -> None:
     """One step of each decoding phase on the GPU (decode, full and dustin verification, draft,
@@ -189,21 +197,21 @@ def profile(
     calib: list[str] | None = typer.Option(
         None, help="Calibration text: .txt/.md files, folders, globs, .jsonl or .parquet (repeat the option). "
                    "Default: ../shared/corpus/gutenberg/calib."),
-    context: int = typer.Option(8192, min=1, help="Context length L of the verification passes."),
-    windows: int = typer.Option(16, min=1, help="Calibration windows (one prefill each)."),
-    retrieval_windows: int = typer.Option(0, min=0, help="Extra key-value retrieval windows (a fact hidden in calibration "
+    context: int = typer.Option(8192, min=1, max=MAX_TOKENS, help="Context length L of the verification passes."),
+    windows: int = typer.Option(16, min=1, max=MAX_COUNT, help="Calibration windows (one prefill each)."),
+    retrieval_windows: int = typer.Option(0, min=0, max=MAX_COUNT, help="Extra key-value retrieval windows (a fact hidden in calibration "
                                                   "prose, asked for at the end) so retrieval heads can win."),
     retrieval_weight: float = typer.Option(0.5, help="Share of every mean ARR given to the retrieval windows' "
                                                      "question passes."),
-    positions: int = typer.Option(8, min=1, help="Verification passes per window (in its last quarter)."),
-    budget: int = typer.Option(512, min=1, help="Verification budget S (tokens of the selected set)."),
+    positions: int = typer.Option(8, min=1, max=MAX_COUNT, help="Verification passes per window (in its last quarter)."),
+    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="Verification budget S (tokens of the selected set)."),
     gamma: Gamma = 4,
-    sinks: int = typer.Option(4, min=0, help="Attention-sink tokens always in the set."),
-    window: int = typer.Option(64, min=0, help="Recent tokens always in the set."),
+    sinks: int = typer.Option(4, min=0, max=MAX_TOKENS, help="Attention-sink tokens always in the set."),
+    window: int = typer.Option(64, min=0, max=MAX_TOKENS, help="Recent tokens always in the set."),
     budgets: str = typer.Option("128,256,512,1024", help="Budgets of the ARR-vs-budget table and m_by_budget."),
-    max_heads: int = typer.Option(8, min=1, help="Head limit of the greedy search (draft + target KV heads)."),
+    max_heads: int = typer.Option(8, min=1, max=MAX_COUNT, help="Head limit of the greedy search (draft + target KV heads)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round is below this."),
-    m_points: int = typer.Option(9, min=1, help="Grid points for m over [0, S - sinks - window]."),
+    m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
     seed: Seed = 0,
     verify_tokens: str = typer.Option("draft", help="Verification tokens: 'draft' (its greedy drafts) or 'text'."),
     text_field: str = typer.Option("text", help="Text field of JSONL / parquet calibration records."),
@@ -297,7 +305,7 @@ def decode(
     profile: ProfileFile = None,
     policy: str = typer.Option("full", help="Verification: full | dustin | draft-only | target-only | "
                                             "streamingllm | quest | oracle (analysis only)."),
-    budget: int | None = typer.Option(None, min=1, help="Verification budget S in context tokens (default: the "
+    budget: int | None = typer.Option(None, min=1, max=MAX_TOKENS, help="Verification budget S in context tokens (default: the "
                                                         "profile's)."),
     sinks: Sinks = None,
     window: Window = None,
@@ -334,7 +342,7 @@ def eval_acceptance(
     profile: ProfileFile = None,
     all_heads: AllHeads = False,
     contexts: Contexts = "4096,8192",
-    windows: int = typer.Option(2, min=1, help="Windows (one per book) per context, decoded as one batch."),
+    windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
     max_new_tokens: NewTokens = 64,
     gamma: Gamma = 4,
     budgets: Budgets = "128,256,512,1024",
@@ -345,7 +353,7 @@ def eval_acceptance(
     measure_arr: bool = typer.Option(True, "--measure-arr/--no-arr", help="Measure ARR on the side."),
     paired: bool = typer.Option(True, "--paired/--no-paired", help="Also run full verification on every "
                                 "policy's drafts (paired retention; one more target pass per step)."),
-    threads: int | None = typer.Option(None, min=1, help="torch intra-op threads (CPU)."),
+    threads: int | None = typer.Option(None, min=1, max=1024, help="torch intra-op threads (CPU)."),
     dtype: Dtype = "auto",
     device: Device = "auto",
     out_dir: OutDir = Path("results/acceptance"),
@@ -453,9 +461,9 @@ def eval_pg19(
     profile: ProfileFile = None,
     policy: Policies = "full,dustin,streamingllm,quest",
     budget: Budgets = "256,512,1024",
-    context: int = typer.Option(4096, min=1, help="Prompt tokens before the scored part of each window."),
-    eval_tokens: int = typer.Option(256, min=1, help="Tokens scored per window through verification windows."),
-    windows: int = typer.Option(2, min=1, help="Windows (one per book)."),
+    context: int = typer.Option(4096, min=1, max=MAX_TOKENS, help="Prompt tokens before the scored part of each window."),
+    eval_tokens: int = typer.Option(256, min=1, max=MAX_TOKENS, help="Tokens scored per window through verification windows."),
+    windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book)."),
     gamma: Gamma = 4,
     sinks: Sinks = None,
     window: Window = None,
@@ -500,8 +508,8 @@ def eval_passkey(
     budget: Budgets = "256",
     contexts: Contexts = "2048,4096,8192",
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="Needle depths in [0, 1], comma-separated."),
-    trials: int = typer.Option(1, min=1, help="Prompts per context and depth."),
-    max_new_tokens: int = typer.Option(10, min=1, help="Greedy new tokens per prompt (the key has 5 digits)."),
+    trials: int = typer.Option(1, min=1, max=MAX_COUNT, help="Prompts per context and depth."),
+    max_new_tokens: int = typer.Option(10, min=1, max=MAX_TOKENS, help="Greedy new tokens per prompt (the key has 5 digits)."),
     gamma: Gamma = 4,
     sinks: Sinks = None,
     window: Window = None,
@@ -555,9 +563,9 @@ def eval_longbench(
     policy: Policies = "dustin",
     budget: Budgets = "512",
     gamma: Gamma = 4,
-    max_length: int | None = typer.Option(None, min=1, help="Prompt truncation length (default: the target's context)."),
-    limit: int | None = typer.Option(None, min=1, help="First N samples of each dataset."),
-    batch_size: int = typer.Option(1, min=1, help="Prompts decoded together."),
+    max_length: int | None = typer.Option(None, min=1, max=MAX_TOKENS, help="Prompt truncation length (default: the target's context)."),
+    limit: int | None = typer.Option(None, min=1, max=MAX_COUNT, help="First N samples of each dataset."),
+    batch_size: int = typer.Option(1, min=1, max=MAX_COUNT, help="Prompts decoded together."),
     sinks: Sinks = None,
     window: Window = None,
     all_heads: AllHeads = False,

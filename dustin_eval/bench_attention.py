@@ -29,6 +29,7 @@ import triton.language as tl
 
 from dustin_eval.results import git_commit
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import atomic_write
 
 SCHEMA_VERSION = 1
 
@@ -414,7 +415,7 @@ def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result
     results = []
     for cfg in configs:
         res = run_attention_bench(cfg, command)
-        result_path(out_dir, cfg).write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write(result_path(out_dir, cfg), json.dumps(res, indent=1) + "\n")
         results.append(res)
         if on_result is not None:
             on_result(res)

@@ -23,6 +23,7 @@ import torch
 
 from dustin_runtime.attention import TritonAttention
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import atomic_write
 from dustin_runtime.loader import random_model
 from dustin_runtime.model import Transformer
 from dustin_runtime.presets import default_draft, preset
@@ -284,7 +285,4 @@ def result_path(out_dir: Path, cfg: DecodeBenchConfig) -> Path:
 
 
 def write_result(res: dict, out_dir: Path, cfg: DecodeBenchConfig) -> Path:
-    path = result_path(out_dir, cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2))
-    return path
+    return atomic_write(result_path(out_dir, cfg), json.dumps(res, indent=2))

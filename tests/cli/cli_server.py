@@ -5,13 +5,16 @@ stdout and stderr in files), and answers with the exit status and both outputs. 
 its own work, not ~2.5 s of imports. The server itself never runs a torch op, so no thread pool
 exists when it forks.
 
-Protocol: one JSON request per line on stdin ({"argv": [...], "cwd": str, "env": {...}}), one JSON
-answer per line on stdout ({"rc": int, "stdout": str, "stderr": str})."""
+Protocol: one JSON request per line on stdin ({"argv": [...], "cwd": str, "env": {...}, "timeout": s}),
+one JSON answer per line on stdout ({"rc": int, "stdout": str, "stderr": str}); a child past its
+timeout is killed (rc -9)."""
 
 import json
 import os
+import signal
 import sys
 import tempfile
+import time
 import traceback
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -67,6 +70,19 @@ def child(req: dict, out, err) -> None:
         os._exit(code)
 
 
+def wait(pid: int, timeout: float) -> int:
+    """The child's exit status; past `timeout` seconds it is killed (a hung case fails, it does not
+    hang the suite)."""
+    end = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+
+
 def main() -> None:
     answers = os.fdopen(os.dup(1), "w")
     for line in sys.stdin:
@@ -77,8 +93,7 @@ def main() -> None:
             pid = os.fork()
             if pid == 0:
                 child(req, out, err)
-            _, status = os.waitpid(pid, 0)
-            rc = os.waitstatus_to_exitcode(status)
+            rc = wait(pid, req.get("timeout", 600))
             out.seek(0)
             err.seek(0)
             answers.write(json.dumps({"rc": rc, "stdout": out.read(), "stderr": err.read()}) + "\n")

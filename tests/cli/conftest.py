@@ -40,16 +40,16 @@ class Cli:
                                          text=True, env={**base_env(), "PYTHONPATH": str(REPO)}, cwd=REPO)
         return self.proc
 
-    def __call__(self, *args, cwd=None, env=None) -> Ran:
+    def __call__(self, *args, cwd=None, env=None, timeout=300) -> Ran:
         args = [str(a) for a in args]
         env = {**self.env, **(env or {})}
         cwd = str(cwd or REPO)
         if self.plain:
             p = subprocess.run([sys.executable, "-m", "dustin.cli", *args], capture_output=True, text=True,
-                               timeout=600, cwd=cwd, env={**base_env(), **env})
+                               timeout=timeout, cwd=cwd, env={**base_env(), **env})
             return Ran(p.returncode, p.stdout, p.stderr)
         server = self._server()
-        server.stdin.write(json.dumps({"argv": args, "cwd": cwd, "env": env}) + "\n")
+        server.stdin.write(json.dumps({"argv": args, "cwd": cwd, "env": env, "timeout": timeout}) + "\n")
         server.stdin.flush()
         answer = json.loads(server.stdout.readline())
         return Ran(answer["rc"], answer["stdout"], answer["stderr"])
@@ -62,7 +62,7 @@ class Cli:
 
 @pytest.fixture(scope="session")
 def cli(tmp_path_factory):
-    """cli(*args, cwd=None, env=None) -> Ran(returncode, stdout, stderr) of `dustin ARGS`."""
+    """cli(*args, cwd=None, env=None, timeout=300) -> Ran(returncode, stdout, stderr) of `dustin ARGS`."""
     runner = Cli(tmp_path_factory.mktemp("dustin-cache"))
     yield runner
     runner.close()

@@ -127,6 +127,7 @@ def S(tmp_path_factory, small_models, tiny_gguf):
     return {k: str(v) for k, v in s.items()}
 
 
+HUGE = "99999999999999999999"
 DEC = ["decode", "--target", "{T}", "--prompt", "hi"]
 SPEC = ["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "hi"]
 PROFILE = ["profile", "--target", "{T}", "--draft", "{D}", "--context", "64", "--windows", "1", "--positions", "2",
@@ -332,6 +333,14 @@ CASES = {
     "passkey-filler-missing": ([*PK, "--filler", "{X}/nope"], ["no .txt books"]),
     "passkey-filler-not-utf8": ([*PK, "--filler", "{X}/books_latin1"], ["not UTF-8"]),
     "passkey-context-over-model": ([*PK, "--contexts", "100000"], ["exceeds the models' limit"]),
+    # numbers too large for any run (an overflow, or a loop that never ends, before the range checks)
+    "seed-huge": ([*DEC, "--temperature", "1", "--seed", HUGE], ["--seed"]),
+    "gamma-huge": ([*SPEC, "--gamma", HUGE], ["--gamma"]),
+    "budget-huge": ([*SPEC, "--policy", "streamingllm", "--budget", HUGE], ["--budget"]),
+    "profile-windows-huge": ([*PROF, "--windows", HUGE], ["--windows"]),
+    "profile-budgets-huge": ([*PROF, "--budgets", f"40,{HUGE}"], ["--budgets: 99999999999999999999 is above"]),
+    "passkey-trials-huge": ([*PK, "--trials", HUGE], ["--trials"]),
+    "acceptance-threads-huge": ([*ACC, "--threads", "100000"], ["--threads"]),
     # bench (CPU)
     "bench-decode-without-gpu": (["bench", "decode"], ["needs a CUDA GPU"]),
     "bench-decode-batch-0": (["bench", "decode", "--batch", "0"], ["--batch"]),
