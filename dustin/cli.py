@@ -1,7 +1,9 @@
 """The `dustin` command: thin typer commands over the library packages.
 
-This is the only module that wires `dustin_runtime`, `dustin_profile`, `dustin_eval` and
-`dustin_kernels` together. Library errors (`DustinError`) become one red line and exit code 2.
+Commands parse options, plan the policy runs (`dustin_eval.plan`, before any model loads), lock
+their output, load the models and call the library. Every bad input, a library `DustinError` or a
+usage error of the option parser, becomes one red line on stderr and exit code 2; Ctrl-C one line
+and exit 130.
 """
 
 from __future__ import annotations
@@ -50,12 +52,13 @@ ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile art
 Policies = Annotated[str, typer.Option("--policy", "--policies", help="Policies, comma-separated: full, dustin, "
                                        "draft-only, target-only, streamingllm, quest, oracle ('all': every one).")]
 Budgets = Annotated[str, typer.Option("--budget", "--budgets", help="Verification budgets S, comma-separated.")]
-Sinks = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS, help="Attention sinks always verified (default: the profile's, "
-                                                       "else 4).")]
-Window = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS, help="Recent window always verified (default: the profile's, "
-                                                        "else 64).")]
+Sinks = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS,
+                                           help="Attention sinks always verified (default: the profile's, else 4).")]
+Window = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS,
+                                            help="Recent window always verified (default: the profile's, else 64).")]
 AllHeads = Annotated[bool, typer.Option("--all-heads", help="dustin without a profile: every KV head scores.")]
-Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT, help="Draft tokens per step (gamma + 1 verification queries).")]
+Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
+                                    help="Draft tokens per step (gamma + 1 verification queries).")]
 NewTokens = Annotated[int, typer.Option(min=1, max=MAX_TOKENS, help="New tokens per sequence.")]
 Contexts = Annotated[str, typer.Option("--contexts", help="Prompt lengths in tokens, comma-separated.")]
 Dtype = Annotated[str, typer.Option(help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU).")]
@@ -199,7 +202,8 @@ def profile(
                    "Default: ../shared/corpus/gutenberg/calib."),
     context: int = typer.Option(8192, min=1, max=MAX_TOKENS, help="Context length L of the verification passes."),
     windows: int = typer.Option(16, min=1, max=MAX_COUNT, help="Calibration windows (one prefill each)."),
-    retrieval_windows: int = typer.Option(0, min=0, max=MAX_COUNT, help="Extra key-value retrieval windows (a fact hidden in calibration "
+    retrieval_windows: int = typer.Option(0, min=0, max=MAX_COUNT,
+                                          help="Extra key-value retrieval windows (a fact hidden in calibration "
                                                   "prose, asked for at the end) so retrieval heads can win."),
     retrieval_weight: float = typer.Option(0.5, help="Share of every mean ARR given to the retrieval windows' "
                                                      "question passes."),
@@ -305,7 +309,8 @@ def decode(
     profile: ProfileFile = None,
     policy: str = typer.Option("full", help="Verification: full | dustin | draft-only | target-only | "
                                             "streamingllm | quest | oracle (analysis only)."),
-    budget: int | None = typer.Option(None, min=1, max=MAX_TOKENS, help="Verification budget S in context tokens (default: the "
+    budget: int | None = typer.Option(None, min=1, max=MAX_TOKENS,
+                                      help="Verification budget S in context tokens (default: the "
                                                         "profile's)."),
     sinks: Sinks = None,
     window: Window = None,
@@ -364,7 +369,7 @@ def eval_acceptance(
     import torch
 
     from dustin_eval import acceptance as acc
-    from dustin_eval.plan import plan_sparse, read_profile, run_identity
+    from dustin_eval.plan import plan_sparse, read_profile, run_identity, sparse_configs
     from dustin_eval.results import provenance
     from dustin_runtime.files import FolderLock
 
@@ -383,7 +388,7 @@ def eval_acceptance(
         torch.set_num_threads(threads)
     with FolderLock(out_dir):
         tgt, drf = _load_pair(target, draft, dtype, device)
-        configs = {b: plan.config(tgt, drf) for b, plan in plans.items()}
+        configs = sparse_configs(plans, tgt, drf)
         runs = out_dir / f"{name}.runs.jsonl"
 
         def show(r: dict) -> None:
@@ -462,7 +467,8 @@ def eval_pg19(
     policy: Policies = "full,dustin,streamingllm,quest",
     budget: Budgets = "256,512,1024",
     context: int = typer.Option(4096, min=1, max=MAX_TOKENS, help="Prompt tokens before the scored part of each window."),
-    eval_tokens: int = typer.Option(256, min=1, max=MAX_TOKENS, help="Tokens scored per window through verification windows."),
+    eval_tokens: int = typer.Option(256, min=1, max=MAX_TOKENS,
+                                    help="Tokens scored per window through verification windows."),
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book)."),
     gamma: Gamma = 4,
     sinks: Sinks = None,
@@ -509,7 +515,8 @@ def eval_passkey(
     contexts: Contexts = "2048,4096,8192",
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="Needle depths in [0, 1], comma-separated."),
     trials: int = typer.Option(1, min=1, max=MAX_COUNT, help="Prompts per context and depth."),
-    max_new_tokens: int = typer.Option(10, min=1, max=MAX_TOKENS, help="Greedy new tokens per prompt (the key has 5 digits)."),
+    max_new_tokens: int = typer.Option(10, min=1, max=MAX_TOKENS,
+                                       help="Greedy new tokens per prompt (the key has 5 digits)."),
     gamma: Gamma = 4,
     sinks: Sinks = None,
     window: Window = None,

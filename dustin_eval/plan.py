@@ -63,14 +63,15 @@ class SparsePlan:
     profile: LoadedProfile | None = None
     all_heads: bool = False
 
-    def config(self, target, draft) -> SparseConfig | None:
+    def config(self, target, draft, infos=None) -> SparseConfig | None:
         """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
-        against them."""
+        against them (`infos`: their `ModelInfo`s when already computed)."""
         if self.policy == "full":
             return None
         if self.profile is not None:
             p = self.profile
-            check_models(p.profile, model_identity(target, info=True), model_identity(draft, info=True), p.path)
+            infos = infos or (model_identity(target, info=True), model_identity(draft, info=True))
+            check_models(p.profile, *infos, p.path)
             cfg = p.profile.to_sparse_config(self.budget, self.sinks, self.window, source=p.path)
         elif self.all_heads:
             cfg = SparseConfig.all_heads(target.model.cfg, draft.model.cfg, self.budget, sinks=self.sinks,
@@ -134,9 +135,10 @@ def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Pa
     return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads) for r in dict.fromkeys(runs)}
 
 
-def sparse_configs(plans: dict[PolicyRun, SparsePlan], target, draft) -> dict[PolicyRun, SparseConfig | None]:
-    """Every run's SparseConfig for the loaded pair."""
-    return {r: p.config(target, draft) for r, p in plans.items()}
+def sparse_configs(plans: dict, target, draft) -> dict:
+    """Every plan's SparseConfig for the loaded pair (keys kept: runs, or budgets)."""
+    infos = (model_identity(target, info=True), model_identity(draft, info=True))
+    return {r: p.config(target, draft, infos) for r, p in plans.items()}
 
 
 def hooks_factory(configs: dict[PolicyRun, SparseConfig | None], target, draft,

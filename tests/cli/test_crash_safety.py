@@ -201,3 +201,19 @@ def test_other_settings_refused_and_restart(cli, data, tmp_path):
            "full,streamingllm", "--sinks", "2", "--out-dir", tmp_path / "acc", "--name", "x"]
     assert cli(*acc, "--window", "8").returncode == 0
     assert_one_line_error(cli(*acc, "--window", "6"), "runs.S=32.window: 8 -> 6", code=2)
+
+
+def test_zero_head_profile_is_written_with_a_warning_and_refused_for_dustin(cli, data, tmp_path):
+    out = tmp_path / "p.json"
+    args = profile_args(data, out)
+    p = cli(*args[: args.index("--epsilon")], "--windows", "1", "--out", out)  # the default --epsilon
+    assert p.returncode == 0, p.stderr
+    if json.loads(out.read_text())["target_heads"]:
+        pytest.skip("the search found heads on this pair")  # the tiny random pair finds none (issue 12)
+    assert "no retrieval head raised ARR by --epsilon" in p.stdout
+    dec = cli("decode", "--target", data["T"], "--draft", data["D"], "--prompt", "hi", "--policy", "dustin",
+              "--profile", out)
+    assert_one_line_error(dec, f"{out} holds no retrieval heads", "smaller --epsilon", code=2)
+    full = cli("decode", "--target", data["T"], "--draft", data["D"], "--prompt", "hi", "--max-new-tokens", "2",
+               "--policy", "streamingllm", "--profile", out)  # its sinks and window still serve other policies
+    assert full.returncode == 0, full.stderr
