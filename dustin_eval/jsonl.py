@@ -14,8 +14,8 @@ from dustin_runtime.files import append_line
 def _parse(path: Path, lineno: int, line: str) -> dict:
     try:
         rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DustinError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise DustinError(f"{path}:{lineno}: not a JSON line ({getattr(e, 'msg', 'nested too deeply')})") from None
     if not isinstance(rec, dict):
         raise DustinError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
     return rec

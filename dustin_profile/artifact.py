@@ -225,7 +225,7 @@ def load_profile(path: str | Path) -> Profile:
         raise DustinError(f"{path}: no such profile file")
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise DustinError(f"{path}: not a readable JSON profile ({type(e).__name__}: {e})") from None
     return profile_from_dict(d, str(path))
 

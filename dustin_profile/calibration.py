@@ -69,7 +69,7 @@ def _records(path: Path, field: str) -> list[str]:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise DustinError(f"{path}:{i}: not a JSON line") from None
             if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
                 raise DustinError(f"{path}:{i}: expected a JSON object with a {field!r} string (--text-field)")

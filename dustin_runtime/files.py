@@ -20,6 +20,8 @@ from pathlib import Path
 from dustin_runtime.errors import DustinError
 
 TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")  # atomic_path's temp names
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -61,6 +63,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise DustinError(f"{path.parent}: cannot write there ({e.strerror or e})") from None
     os.close(fd)
     tmp = Path(tmp)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it private; results get the usual mode
     try:
         yield tmp
         with open(tmp, "rb+") as f:
@@ -122,7 +125,7 @@ def read_json(path: str | Path, what: str = "JSON file"):
         raise DustinError(f"{path}: unreadable {what} ({e})") from None
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
 
 

@@ -115,7 +115,7 @@ def read_config(ckpt: Checkpoint) -> ModelConfig:
         path = ckpt.path / "config.json"
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise DustinError(f"{path}: unreadable ({type(e).__name__}: {_first_line(e)})") from None
         return config_from_hf(d, name=ckpt.model_id, source=str(path))
     return config_from_hf(_gguf_config(ckpt.path), name=ckpt.model_id, source=str(ckpt.path))
@@ -178,7 +178,7 @@ def _hf_tensor_getter(folder: Path) -> tuple[Callable[[str], torch.Tensor], set[
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map is not an object of file names")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError) as e:
             raise DustinError(f"{index}: unreadable index ({type(e).__name__}: {_first_line(e)})") from None
     else:
         files = sorted(folder.glob("*.safetensors"))

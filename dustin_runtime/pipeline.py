@@ -106,7 +106,7 @@ def read_prompts(
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             rec = None
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
             raise DustinError(f"{batch_file}:{i}: expected a JSON object with a \"prompt\" string")

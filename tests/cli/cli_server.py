@@ -19,6 +19,7 @@ import traceback
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import matplotlib  # noqa: E402
 import pandas  # noqa: E402, F401
 import pyarrow.parquet  # noqa: E402, F401
 import rich.progress  # noqa: E402, F401
@@ -39,7 +40,12 @@ import dustin_eval.passkey_eval  # noqa: E402, F401
 import dustin_eval.pg19_eval  # noqa: E402, F401
 import dustin_eval.plan  # noqa: E402, F401
 import dustin_eval.runtime_generator  # noqa: E402, F401
+import dustin_profile.plots  # noqa: E402, F401
 import dustin_profile.run  # noqa: E402, F401
+
+matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: E402, F401
+
 import dustin_profile.show  # noqa: E402, F401
 import dustin_runtime.pipeline  # noqa: E402, F401
 import dustin_runtime.policies  # noqa: E402, F401

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import assert_one_line_error, write_profile
 
 LATIN1 = "caf\xe9 cr\xe8me, na\xefve".encode("latin-1")  # not UTF-8
+DEEP = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested deeper than the parser recurses
 
 
 def bad_checkpoint(root, name, target, *, config=None, weights=None, tokenizer=True):
@@ -49,7 +50,7 @@ def S(tmp_path_factory, small_models, tiny_gguf):
         "cfg_badtype": {**cfg, "hidden_size": "abc"}, "cfg_zeroheads": {**cfg, "num_attention_heads": 0},
         "cfg_empty": b"", "cfg_notjson": b"{", "cfg_latin1": LATIN1, "cfg_rope": {**cfg, "rope_scaling": "x"},
         "cfg_gpt2": {"model_type": "gpt2", "n_layer": 2}, "cfg_eos": {**cfg, "eos_token_id": "end"},
-        "cfg_float_layers": {**cfg, "num_hidden_layers": 1.5},
+        "cfg_float_layers": {**cfg, "num_hidden_layers": 1.5}, "cfg_deep": DEEP,
     }.items():
         bad_checkpoint(x, name, t, config=config, weights=False)
     bad_checkpoint(x, "st_trunc", t, weights=weights[: len(weights) // 2])
@@ -105,6 +106,8 @@ def S(tmp_path_factory, small_models, tiny_gguf):
     (x / "p_bad_table.json").write_text(json.dumps({**g, "tables": {"rounds": "p.rounds.parquet"}}))
     (x / "p.rounds.parquet").write_bytes(b"PAR1 not really")
     (x / "p_empty.json").write_text("")
+    (x / "p_deep.json").write_bytes(DEEP)
+    (x / "deep.jsonl").write_bytes(DEEP + b"\n")
     (x / "p_latin1.json").write_bytes(LATIN1)
     (x / "dir.json").mkdir()
     # calibration and evaluation data
@@ -161,6 +164,8 @@ CASES = {
     "config-not-utf8": (["decode", "--target", "{X}/cfg_latin1", "--prompt", "hi"], ["config.json: unreadable"]),
     "config-rope-str": (["decode", "--target", "{X}/cfg_rope", "--prompt", "hi"], ["rope_scaling must be an object"]),
     "config-eos-str": (["decode", "--target", "{X}/cfg_eos", "--prompt", "hi"], ["eos_token_id must be a token id"]),
+    "config-deep-nesting": (["decode", "--target", "{X}/cfg_deep", "--prompt", "hi"], ["config.json: unreadable"]),
+    "batch-file-deep-nesting": (["decode", "--target", "{T}", "--batch-file", "{X}/deep.jsonl"], ["deep.jsonl:1"]),
     "config-gpt2": (["decode", "--target", "{X}/cfg_gpt2", "--prompt", "hi"], ["unsupported architecture 'gpt2'"]),
     "safetensors-truncated": (["decode", "--target", "{X}/st_trunc", "--prompt", "hi"],
                               ["not a readable safetensors file"]),
@@ -265,6 +270,7 @@ CASES = {
     "show-dir": ([*SHOW, "{X}/dir.json"], ["no such profile file"]),
     "show-empty": ([*SHOW, "{X}/p_empty.json"], ["not a readable JSON profile"]),
     "show-not-utf8": ([*SHOW, "{X}/p_latin1.json"], ["not a readable JSON profile"]),
+    "show-deep-nesting": ([*SHOW, "{X}/p_deep.json"], ["not a readable JSON profile"]),
     "show-list": ([*SHOW, "{X}/p_list.json"], ["not a JSON object"]),
     "show-schema-99": ([*SHOW, "{X}/p_schema.json"], ["schema_version 99 is not supported"]),
     "show-schema-bool": ([*SHOW, "{X}/p_schema_bool.json"], ["schema_version True is not supported"]),

@@ -71,8 +71,8 @@ def data(tmp_path_factory, small_models, cli):
 
 
 def profile_args(data, out, *extra):
-    return ["profile", "--target", data["T"], "--draft", data["D"], "--calib", data["books"], "--context", "256",
-            "--windows", "6", "--positions", "4", "--budget", "64", "--gamma", "3", "--sinks", "4", "--window", "16",
+    return ["profile", "--target", data["T"], "--draft", data["D"], "--calib", data["books"], "--context", "192",
+            "--windows", "4", "--positions", "3", "--budget", "64", "--gamma", "3", "--sinks", "4", "--window", "16",
             "--budgets", "32,64", "--max-heads", "3", "--epsilon", "0", "--out", out, *extra]
 
 
@@ -116,7 +116,7 @@ def test_profile_killed_in_every_phase_gives_the_uninterrupted_artifact(cli, dat
     for name in want[1]:
         pd.testing.assert_frame_equal(got[1][name], want[1][name])
     assert got[2] == want[2]
-    assert sorted(f.name for f in work.iterdir()) == [".lock", "meta.json"] + [f"w{i:03d}.pt" for i in range(6)]
+    assert sorted(f.name for f in work.iterdir()) == [".lock", "meta.json"] + [f"w{i:03d}.pt" for i in range(4)]
     assert not [f for f in out.parent.iterdir() if f.name.startswith(".")]  # no temp file left
 
 

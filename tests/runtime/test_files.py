@@ -24,6 +24,9 @@ def test_atomic_write_replaces_or_keeps(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temp file left
     atomic_write(path, b"new")
     assert path.read_text() == "new"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not the temp file's private mode
     with atomic_path(tmp_path / "plot.png") as tmp:
         assert tmp.suffix == ".png" and tmp.parent == tmp_path  # writers read the format from the name
 
@@ -92,3 +95,9 @@ def test_records_without_a_key_are_refused(tmp_path):
         check_resume_key(tmp_path / "k.json", {"a": 1}, (records,))
     check_resume_key(tmp_path / "k.json", {"a": 1}, (records,), restart=True)
     assert not records.exists()
+
+
+def test_torn_key_without_records_starts_afresh(tmp_path):
+    (tmp_path / "meta.json").write_text("")  # a kill during an (older, in-place) write of the key
+    check_resume_key(tmp_path / "meta.json", {"a": 1}, (tmp_path / "w000.pt",))
+    assert json.loads((tmp_path / "meta.json").read_text()) == {"a": 1}
