@@ -57,6 +57,8 @@ Sinks = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS,
 Window = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS,
                                             help="Recent window always verified (default: the profile's, else 64).")]
 AllHeads = Annotated[bool, typer.Option("--all-heads", help="dustin without a profile: every KV head scores.")]
+MeasureArr = Annotated[bool, typer.Option("--measure-arr/--no-arr", help="Also record ARR (the share of the true "
+                                          "verification attention the set keeps; one more pass per step).")]
 Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
                                     help="Draft tokens per step (gamma + 1 verification queries).")]
 NewTokens = Annotated[int, typer.Option(min=1, max=MAX_TOKENS, help="New tokens per sequence.")]
@@ -355,7 +357,7 @@ def eval_acceptance(
     sinks: Sinks = None,
     window: Window = None,
     books_dir: Path | None = typer.Option(None, help="Books folder (default ../shared/corpus/gutenberg/eval)."),
-    measure_arr: bool = typer.Option(True, "--measure-arr/--no-arr", help="Measure ARR on the side."),
+    measure_arr: MeasureArr = True,
     paired: bool = typer.Option(True, "--paired/--no-paired", help="Also run full verification on every "
                                 "policy's drafts (paired retention; one more target pass per step)."),
     threads: int | None = typer.Option(None, min=1, max=1024, help="torch intra-op threads (CPU)."),
@@ -474,7 +476,7 @@ def eval_pg19(
     sinks: Sinks = None,
     window: Window = None,
     all_heads: AllHeads = False,
-    measure_arr: bool = typer.Option(True, "--measure-arr/--no-arr", help="Also record ARR per window."),
+    measure_arr: MeasureArr = True,
     seed: Seed = 0,
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -515,8 +517,7 @@ def eval_passkey(
     contexts: Contexts = "2048,4096,8192",
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="Needle depths in [0, 1], comma-separated."),
     trials: int = typer.Option(1, min=1, max=MAX_COUNT, help="Prompts per context and depth."),
-    max_new_tokens: int = typer.Option(10, min=1, max=MAX_TOKENS,
-                                       help="Greedy new tokens per prompt (the key has 5 digits)."),
+    max_new_tokens: NewTokens = 10,
     gamma: Gamma = 4,
     sinks: Sinks = None,
     window: Window = None,

@@ -112,12 +112,13 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         cfg = prof.to_sparse_config(budget, sinks, window)
         missing = [who for who, need, heads in (("draft", cfg.m > 0, cfg.draft_heads),
                                                 ("target", cfg.m < cfg.free, cfg.target_heads)) if need and not heads]
+        if missing and not prof.has_heads:
+            raise DustinError(f"{profile.path} holds no retrieval heads for policy {policy}: Algorithm 1 chose none "
+                              "that raised ARR by its --epsilon; profile again with a smaller --epsilon or more "
+                              "--windows, or use --all-heads without --profile")
         if missing:
-            what = "no retrieval heads" if not prof.has_heads else f"no {missing[0]} retrieval heads"
-            raise DustinError(f"{profile.path} holds {what} for policy {policy} at budget {budget} (m = {cfg.m} of "
-                              f"{cfg.free} free rows): Algorithm 1 chose none that raised ARR by its --epsilon; "
-                              "profile again with a smaller --epsilon or more --windows, or use --all-heads "
-                              "without --profile")
+            raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads, but at budget {budget} its m = "
+                              f"{cfg.m} of {cfg.free} free rows leaves rows to the {missing[0]} signal")
     return SparsePlan(policy, budget, sinks, window, profile, all_heads)
 
 
@@ -137,7 +138,9 @@ def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Pa
 
 def sparse_configs(plans: dict, target, draft) -> dict:
     """Every plan's SparseConfig for the loaded pair (keys kept: runs, or budgets)."""
-    infos = (model_identity(target, info=True), model_identity(draft, info=True))
+    infos = None
+    if any(p.profile is not None and p.policy != "full" for p in plans.values()):
+        infos = (model_identity(target, info=True), model_identity(draft, info=True))
     return {r: p.config(target, draft, infos) for r, p in plans.items()}
 
 
