@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dustin_profile.arr import CalibStats, arr_grid
+from dustin_profile.calib_arr import CalibStats, arr_grid
 
 METHODS = ("dustin", "streamingllm", "draft-only", "target-only", "quest", "oracle")
 
@@ -19,13 +19,12 @@ METHODS = ("dustin", "streamingllm", "draft-only", "target-only", "quest", "orac
 def quest_masses(
     q: torch.Tensor,  # [G, r, M, D] fp32
     k: torch.Tensor,  # [G, L, D] fp32: context keys
-    p: torch.Tensor,  # [G, r, M, L]: true attention on the context
-    new: torch.Tensor,  # [G, r, M]: true attention mass on the new tokens
+    p: torch.Tensor,  # [G, r, M, L]: each query's share of its attention on the context
     budgets: tuple[int, ...],
     page: int = 16,
 ) -> torch.Tensor:
     """Quest's ARR of one layer at each budget: [len(budgets)], mean over KV heads, their query
-    heads and the queries of the mass on the chosen pages plus the new tokens."""
+    heads and the queries of the share on the chosen pages."""
     G, L, D = k.shape
     n, full = -(-L // page), L // page
     kp = k[:, : full * page].reshape(G, full, page, D)
@@ -40,12 +39,11 @@ def quest_masses(
     score = ub.amax(dim=(1, 2))  # [G, n]
     order = torch.sort(score, dim=1, descending=True, stable=True).indices
     cum = pm.gather(1, order).cumsum(1)  # [G, n]
-    newg = new.mean(dim=(1, 2))  # [G]
     out = []
     for b in budgets:
         pages = min(n, b // page)
         got = cum[:, pages - 1] if pages > 0 else torch.zeros(G, device=k.device)
-        out.append((got + newg).mean())
+        out.append(got.double().mean().clamp(0.0, 1.0))
     return torch.stack(out)
 
 
@@ -55,13 +53,13 @@ def streamingllm(stats: CalibStats, budget: int, sinks: int) -> torch.Tensor:
     pos = torch.arange(N, device=stats.attn.device)
     L = stats.lengths.view(-1, 1)
     keep = (pos < L) & ((pos < sinks) | (pos >= L - (budget - sinks)))
-    return (stats.attn * keep).sum(1) + stats.new_mass
+    return (stats.attn.double() * keep).sum(1).clamp(0.0, 1.0)
 
 
 def oracle(stats: CalibStats, budget: int) -> torch.Tensor:
     """[P] ARR of the top-`budget` positions of A."""
     k = min(budget, stats.attn.shape[1])
-    return stats.attn.topk(k, dim=1).values.sum(1) + stats.new_mass
+    return stats.attn.topk(k, dim=1).values.double().sum(1).clamp(0.0, 1.0)
 
 
 def draft_only(stats: CalibStats, budget: int, sinks: int, window: int) -> torch.Tensor:

@@ -8,8 +8,9 @@ verification position L (largest first, so a pass only overwrites rows no later 
   in `speculative_generate` (gamma + 1 forwards, phase "draft"): its queries at the gamma + 1
   verification positions give the draft lookahead signal of every draft KV head;
 - the target verifies [cur, d_1..d_gamma] (phase "verify"): the recorder computes its exact
-  attention over the context plus the new tokens, every layer and head, and keeps the mean over
-  heads and queries per layer, the new tokens' mass and Quest's page masses.
+  attention over the context plus the new tokens, every layer and head, and keeps per layer the
+  context attention A of `dustin_runtime.recovery` (each query's context attention renormalised,
+  mean over heads and queries) and Quest's ARR.
 The verification tokens are therefore the draft's own greedy drafts, as at run time (with
 `verify_tokens="text"` they are the true continuation instead: teacher forcing).
 The target history signal of position L comes from the previous verification pass, taken as the
@@ -28,6 +29,7 @@ from dustin_runtime.attention import AttentionBackend, ForwardContext, default_b
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
+from dustin_runtime.recovery import context_attention
 
 PAGE = 16  # Quest's page size
 
@@ -35,8 +37,8 @@ PAGE = 16  # Quest's page size
 class Recorder(AttentionBackend):
     """Wraps a backend. Prefill: keeps the queries at the `capture` positions. Draft steps: keeps
     each step's queries. Verification: computes the exact attention itself (fp32) and records,
-    per layer, the mean over heads and queries of the context attention [L], the mean mass on the
-    new tokens, and Quest's mass at each budget."""
+    per layer, the context attention A [L] (`recovery.context_attention`) and Quest's ARR at each
+    budget."""
 
     def __init__(self, base: AttentionBackend, num_layers: int, capture: list[int] = (),
                  quest_budgets: tuple[int, ...] = (), page: int = PAGE):
@@ -52,7 +54,6 @@ class Recorder(AttentionBackend):
         n = len(self.q_capture)
         self.q_steps: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self.layer_attn: list[torch.Tensor | None] = [None] * n  # [L] fp32
-        self.layer_new = torch.zeros(n)
         self.quest = torch.zeros(n, len(self.quest_budgets))
 
     def attend(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> torch.Tensor:
@@ -84,11 +85,10 @@ class Recorder(AttentionBackend):
         s[..., L:] = s[..., L:].masked_fill(j.view(1, M) > j.view(M, 1), float("-inf"))
         p = torch.softmax(s, dim=-1)
         out = torch.einsum("grmn,gnd->grmd", p, v).reshape(1, H, M, D)
-        self.layer_attn[layer] = p[..., :L].mean(dim=(0, 1, 2))
-        new = p[..., L:].sum(-1)  # [G, r, M]
-        self.layer_new[layer] = new.mean().item()
+        self.layer_attn[layer] = context_attention(p.reshape(-1, L + M), L)[:L]
         if self.quest_budgets:
-            self.quest[layer] = quest_masses(qf, k[:, :L], p[..., :L], new, self.quest_budgets, self.page).cpu()
+            share = p[..., :L] / p[..., :L].sum(-1, keepdim=True)  # [G, r, M, L]: each query's context share
+            self.quest[layer] = quest_masses(qf, k[:, :L], share, self.quest_budgets, self.page).cpu()
         return out.to(q.dtype)
 
 
@@ -116,8 +116,8 @@ def record_window(
 ) -> dict[str, torch.Tensor]:
     """Record one window (see the module docstring). Returns CPU tensors, P = len(positions),
     N = max(positions), padded with zeros past each pass's L:
-    lengths [P]; attn [P, N] (A: mean over target layers, heads, queries); new_mass [P];
-    layer_attn [P, Lt, N] fp16; layer_new [P, Lt]; quest [P, Lt, len(quest_budgets)];
+    lengths [P]; attn [P, N] (A of `recovery.context_attention`: mean over target layers, heads,
+    queries); layer_attn [P, Lt, N] fp16; quest [P, Lt, len(quest_budgets)];
     draft [Cd, P, N] and target [Ct, P, N] candidate signals (by layer, then KV head);
     drafted [P, gamma]; accepted [P] (drafts the target's greedy choice accepts)."""
     if verify_tokens not in ("draft", "text"):
@@ -149,9 +149,7 @@ def record_window(
     out = {
         "lengths": torch.tensor(order),
         "attn": torch.zeros(P, N),
-        "new_mass": torch.zeros(P),
         "layer_attn": torch.zeros(P, Lt, N, dtype=torch.float16),
-        "layer_new": torch.zeros(P, Lt),
         "quest": torch.zeros(P, Lt, len(quest_budgets)),
         "drafted": torch.zeros(P, gamma, dtype=torch.long),
         "accepted": torch.zeros(P, dtype=torch.long),
@@ -181,8 +179,6 @@ def record_window(
         la = torch.stack(trec.layer_attn).float()  # [Lt, L]
         out["attn"][i, :L] = la.mean(0).cpu()
         out["layer_attn"][i, :, :L] = la.half().cpu()
-        out["layer_new"][i] = trec.layer_new
-        out["new_mass"][i] = trec.layer_new.mean()
         out["quest"][i] = trec.quest
         out["drafted"][i] = d[0].cpu()
         match = (tlogits[:gamma].argmax(-1) == d[0]).long()

@@ -25,10 +25,10 @@ from dataclasses import replace
 
 import torch
 
-from dustin_runtime.arr import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
 from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
