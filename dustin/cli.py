@@ -133,6 +133,66 @@ def bench_decode(
     console.print(f"wrote {path}")
 
 
+@bench_app.command("e2e")
+def bench_e2e(
+    target: str = typer.Option("qwen2.5-7b", help="Target: a preset shape (random weights, replayed acceptance) "
+                                                 "or a checkpoint (real acceptance)."),
+    draft: str | None = typer.Option(None, help="Draft: a preset shape or checkpoint (default: the preset's usual draft)."),
+    batch: str = typer.Option("16", help="Batch size(s), comma-separated (zipped with --context)."),
+    context: str = typer.Option("32768", help="Context length(s), comma-separated."),
+    gamma: int = typer.Option(4, help="Draft tokens per step."),
+    budget: int = typer.Option(512, help="Verification budget S of the sparse policies."),
+    policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest")),
+                                 help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
+                                      "streamingllm, quest; comma-separated."),
+    acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
+                                                         "`dustin decode --json` records."),
+    new_tokens: int = typer.Option(64, help="New tokens per sequence."),
+    srh: int = typer.Option(4, help="Target retrieval KV heads of dustin (over 2 layers)."),
+    draft_srh: int = typer.Option(2, help="Draft retrieval KV heads of dustin (its lookahead signal)."),
+    m: int = typer.Option(112, help="Rows chosen by the draft's lookahead (0: target history only)."),
+    alphas: str = typer.Option("0.5,0.6,0.7,0.8,0.9", help="Alpha sweep for the plot ('' to skip)."),
+    out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>.json."),
+) -> None:
+    """The decoding loop users run (CUDA graphs), end to end per policy, beside vanilla and standard
+    speculative decoding in the same process: ms per step, tokens/s, phases, floors, speedups."""
+    from rich.table import Table
+
+    from dustin_eval import bench_e2e as be
+
+    try:
+        bs = [int(x) for x in batch.split(",") if x.strip()]
+        cs = [int(x) for x in context.split(",") if x.strip()]
+        al = tuple(float(x) for x in alphas.split(",") if x.strip())
+    except ValueError:
+        raise DustinError("--batch and --context take integers, --alphas numbers, comma-separated") from None
+    if len(bs) != len(cs) and 1 not in (len(bs), len(cs)):
+        raise DustinError("--batch and --context: give lists of one length (zipped) or one value")
+    n = max(len(bs), len(cs))
+    pairs = list(zip(bs * n if len(bs) == 1 else bs, cs * n if len(cs) == 1 else cs, strict=True))
+    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    command = "dustin " + " ".join(sys.argv[1:])
+    for b, c in pairs:
+        cfg = be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
+                           policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh,
+                           draft_srh=draft_srh, m=m, alphas=al)
+        res = be.run_e2e(cfg, command, on_record=lambda r: console.print(
+            f"{r['policy']:>12}: {r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.0f} tok/s "
+            f"(graph phases {r['graph_phase_sum_ms']:.2f} ms)", highlight=False))
+        path = be.write_result(res, out_dir)
+        t = Table(title=f"{res['models']['target']} + {res['models']['draft']}, batch {b}, context {c}, "
+                        f"gamma {gamma}, S {budget}, acceptance {acceptance} ({res['environment']['gpu']})")
+        for col in ("policy", "ms/step", "graph sum", "byte floor", "tok/s", "accepted", "vs ar", "vs full"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for r in res["records"]:
+            s = res["summary"][r["policy"]]
+            t.add_row(r["policy"], f"{r['ms_per_step']:.2f}", f"{r['graph_phase_sum_ms']:.2f}",
+                      f"{r['byte_floor_ms']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['mean_accepted']:.2f}",
+                      f"{s.get('speedup_vs_ar', float('nan')):.2f}x", f"{s.get('speedup_vs_full', float('nan')):.2f}x")
+        console.print(t)
+        console.print(f"wrote {path}")
+
+
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
@@ -254,6 +314,9 @@ def decode(
     window: int | None = typer.Option(None, help="Recent window always verified (default: the profile's, else 64)."),
     all_heads: bool = typer.Option(False, "--all-heads", help="dustin without a profile: every KV head scores."),
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
+    cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
+                                     help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
+                                          "run eagerly)."),
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
     from dustin_runtime import pipeline
@@ -271,7 +334,8 @@ def decode(
         hooks = make_policy(policy, spec.config(tgt, drf), target=tgt.model, draft=drf.model, measure_arr=measure_arr)
     with console.status("decoding", spinner="dots"):
         out = pipeline.decode(tgt, drf, prompts, gamma=gamma, chat=chat, seed=seed, hooks=hooks,
-                              sampling=SamplingConfig(temperature=temperature, top_p=top_p))
+                              sampling=SamplingConfig(temperature=temperature, top_p=top_p),
+                              cuda_graphs=cuda_graphs)
     _print_decode(out)
     if json_out:
         print(json.dumps(out.record()))
@@ -438,7 +502,9 @@ def _print_decode(out) -> None:
             t.add_row(f"{phase} s", f"{s.seconds[phase]:.3f}")
     t.add_row("new tokens", str(sum(s.new_tokens)))
     t.add_row("steps", str(s.steps))
+    t.add_row("ms per step", f"{s.ms_per_step:.2f}")
     t.add_row("decode tokens/s", f"{s.tokens_per_s:.2f}")
+    t.add_row("CUDA graphs", "yes" if s.cuda_graphs else "no")
     if s.mode == "speculative":
         t.add_row("mean accepted / step", f"{s.mean_accepted:.3f}")
         t.add_row("mean tokens / step", f"{s.mean_accepted + 1:.3f}")

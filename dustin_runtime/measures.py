@@ -74,6 +74,10 @@ class ArrMeter:
         self.total = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
 
+    def reset(self) -> None:
+        for t in (self.step, self.total, self.count):
+            t.zero_()
+
     def shared(self, true: TrueAttention, indices: torch.Tensor) -> None:
         """This pass's ARR of one set per sequence, indices [B, S]."""
         self.step.copy_(recovery(true.ctx, indices))
@@ -109,6 +113,10 @@ class PairedAcceptance:
         self.sum_policy = torch.zeros(batch, dtype=torch.float64, device=device)
         self.same = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
+
+    def reset(self) -> None:
+        for t in (self.full, self.sum_full, self.sum_policy, self.same, self.count):
+            t.zero_()
 
     def measure(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """logits [B, gamma + 1, V] of a full pass over tokens [B, gamma + 1] (cur, d_1..d_gamma)."""

@@ -46,6 +46,12 @@ class FullPolicy(SpecHooks):
         self.measure_arr, self.paired = measure_arr, paired
         self.steps = self.accepted = None
 
+    def key(self):
+        return None if self.paired else ("full", self.measure_arr)
+
+    def reset(self):
+        self.steps = self.accepted = None
+
     def prefill_tail(self, gamma: int) -> int:
         return gamma + 1
 
@@ -127,6 +133,12 @@ class SparsePolicy(SpecHooks):
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
 
+    def key(self):
+        """Cacheable (and run as CUDA graphs) unless a side pass or a trace needs the host."""
+        if self.measure_arr or self.paired or self.needs_true_attention or self.trace is not None:
+            return None
+        return (self.name, self.cfg)
+
     def setup(self, target_cache: KVCache, draft_cache: KVCache, gamma: int) -> None:
         self.tcache, self.dcache, self.gamma = target_cache, draft_cache, gamma
         B, dev = target_cache.batch, target_cache.lengths.device
@@ -140,7 +152,13 @@ class SparsePolicy(SpecHooks):
         self.allocate(B, target_cache.max_len, dev)
 
     def allocate(self, batch: int, max_len: int, device) -> None:
-        """Per-run buffers of a subclass."""
+        """Buffers of a subclass (built once; reused by every call of a cached policy)."""
+
+    def reset(self) -> None:
+        if self.meter is not None:
+            self.meter.reset()
+        if self.pairs is not None:
+            self.pairs.reset()
 
     def prefill_tail(self, gamma: int) -> int:
         return gamma + 1
@@ -262,6 +280,10 @@ class QuestPolicy(SparsePolicy):
 
     name = "quest"
     shared_set = False
+
+    def after_prefill(self):
+        for layer in range(self.target.cfg.num_layers):  # every page; the steps then update the last ones
+            self.pages.refresh(layer, self.tcache.k[layer], self.tcache.lengths, full=True)
 
     def allocate(self, batch, max_len, device):
         t = self.target.cfg

@@ -45,8 +45,8 @@ def test_quest_pages_follow_commits_and_rollbacks():
     k = torch.randn(B, G, N, D, generator=g)
     lens = torch.tensor([20, 33, 47], dtype=torch.int32)
     pages = QuestPages(1, B, G, N, D, page, span, torch.float32, "cpu")
-    for _ in range(8):
-        pages.refresh(0, k, lens)
+    for i in range(8):
+        pages.refresh(0, k, lens, full=i == 0)
         lo, hi = _pages_from_scratch(k, lens, page)
         live = -(-int(lens.max()) // page)
         for b in range(B):
@@ -69,7 +69,7 @@ def test_quest_bounds_are_upper_bounds_and_pick_the_hot_page():
     lens = torch.tensor([96, 70], dtype=torch.int32)
     k[:, :, 40] = q.view(B, G, -1, D).mean(2) * 8  # row 40 (page 2) aligns with every query of its group
     pages = QuestPages(1, B, G, N, D, page, 4, torch.float32, "cpu")
-    pages.refresh(0, k, lens)
+    pages.refresh(0, k, lens, full=True)
     ub = pages.bounds(0, q)  # [B, G, P]
     logits = torch.einsum("bgrd,bgnd->bgrn", q.view(B, G, -1, D), k)  # [B, G, HG * M, N]
     for b in range(B):
