@@ -4,7 +4,8 @@ Each policy runs through `generate` / `speculative_generate`, the functions `dus
 with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive decoding), `full`
 (standard speculative decoding), `dustin`, `streamingllm`, `quest`. With preset shapes
 (`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
-on values), the caches hold `context` random rows, and acceptance is replayed: random weights
+on values; the position limit is raised to context + new tokens), the caches hold `context` random
+rows, and acceptance is replayed: random weights
 accept nothing, so only the accept decision is overridden, by per-step accepted counts drawn from
 `geometric:ALPHA` (each draft accepted with probability ALPHA given the earlier ones were,
 truncated at gamma) or read from a JSONL of counts a real pair recorded (`dustin decode --json`);
@@ -24,7 +25,7 @@ from __future__ import annotations
 import gc
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -160,7 +161,9 @@ def load_pair(cfg: E2EConfig) -> Pair:
         from dustin_runtime.loader import random_model
 
         dname = cfg.draft or default_draft(cfg.target)
-        tcfg, dcfg = preset(cfg.target), preset(dname)
+        rows = cfg.context + cfg.new_tokens + 2 * (cfg.gamma + 1) + 1  # positions the run reaches
+        tcfg, dcfg = (replace(c, max_position_embeddings=max(c.max_position_embeddings, rows))
+                      for c in (preset(cfg.target), preset(dname)))
         t = random_model(tcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed).use_kernels()
         d = random_model(dcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed + 1).use_kernels()
         g = torch.Generator().manual_seed(cfg.seed)

@@ -246,15 +246,20 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     BLOCK_NEW = max(16, next_pow2(M))
     span = n_cols if sparse else k_cache.shape[2]  # rows to split (host-known bound)
     sms = num_sms(q.device)
+    decode = not sparse and BLOCK_Q <= 16  # few query rows per group (a decode step): long, light programs
     if num_splits is None:  # measured on the H200, see kernels/NOTES.md
         if sparse:  # fill the GPU once, no more: every extra split adds a partial and the combine
             num_splits = max(1, min(sms // (B * G * hsplit), cdiv(max(span, 1), 32)))
+        elif decode:  # ~2 programs per SM
+            num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
         elif B * G * 4 <= sms:  # small batch: ~2 programs per SM, so the serial combine stays short
             num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
         else:  # ~6 programs per SM for the full cache
             num_splits = max(1, min(round(6 * sms / (B * G)), cdiv(max(span, 1), 32)))
     if block_n is None:
         block_n = 32 if not sparse else min(128, max(32, next_pow2(cdiv(max(span, 1), num_splits))))
+        if decode and BLOCK_D <= 64:  # short rows: more of them per step keeps enough bytes in flight
+            block_n = 128
     if num_stages is None:
         num_stages = 3 if block_n >= 128 else 4
         # the early K/V tiles also pass through shared memory

@@ -12,7 +12,6 @@ import statistics
 import sys
 
 import torch
-
 from dustin_kernels import full_verify_attention
 
 

@@ -29,7 +29,7 @@ def pair(tiny_hf):
 
 def prompts(batch, seed):
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(3, 700, (batch,), generator=g).tolist()
+    lens = torch.randint(3, 450, (batch,), generator=g).tolist()
     return [torch.randint(0, 131, (n,), generator=g).tolist() for n in lens]
 
 
