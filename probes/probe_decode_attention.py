@@ -62,10 +62,8 @@ def main():
             for sp in (None, sms // (B * G), 2 * sms // (B * G), 4 * sms // (B * G), 8 * sms // (B * G)):
                 if sp is not None and sp < 1:
                     continue
-                i = [0]
-
-                def fn():
-                    j = i[0] % nbuf
+                def fn(i=[0], ks=ks, vs=vs, q=q, lens=lens, sp=sp, bn=bn):  # noqa: B006 - the rotation counter
+                    j = i[0] % len(ks)
                     i[0] += 1
                     full_verify_attention(q, ks[j], vs[j], lens, num_splits=sp, block_n=bn)
                 try:
