@@ -222,6 +222,7 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
                                 replay=None if counts is None else AcceptReplay(counts))
 
 
+@torch.inference_mode()
 def time_phases(eng: Engine, reps: int) -> dict[str, float]:
     """Median ms of each captured phase graph of the engine's last loop, replayed alone (the
     lengths and bookkeeping a step changes are restored before every replay)."""

@@ -151,6 +151,10 @@ class SparsePolicy(SpecHooks):
                                       dev, per_layer=self.measure_arr and not self.shared_set)
         self.allocate(B, target_cache.max_len, dev)
 
+    @property
+    def selects(self) -> bool:
+        return self.shared_set or self.true is not None
+
     def allocate(self, batch: int, max_len: int, device) -> None:
         """Buffers of a subclass (built once; reused by every call of a cached policy)."""
 

@@ -45,6 +45,7 @@ class SpecHooks:
     is replaced by the cached one, whose buffers the graphs hold, after its `reset()`."""
 
     name = "full"
+    selects = False  # `before_verify` does work (a selection phase between drafting and verification)
 
     def key(self) -> tuple | None:
         """What determines the policy's captured work (None: not cacheable, run eagerly)."""
@@ -223,7 +224,7 @@ class _SpecLoop:
         self.step: dict[str, torch.Tensor] = {}  # values passed between the phases of one step
         self.phases = {"draft": self.draft_phase, "select": hooks.before_verify, "verify": self.verify_phase,
                        "accept": self.accept_phase}
-        if type(hooks).before_verify is SpecHooks.before_verify:  # nothing to select (and no empty graph)
+        if not hooks.selects:  # nothing to run between drafting and verification (and no empty graph)
             del self.phases["select"]
 
     def load_replay(self, counts: torch.Tensor) -> None:
