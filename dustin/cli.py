@@ -142,9 +142,10 @@ def bench_e2e(
     context: str = typer.Option("32768", help="Context length(s), comma-separated."),
     gamma: int = typer.Option(4, help="Draft tokens per step."),
     budget: int = typer.Option(512, help="Verification budget S of the sparse policies."),
-    policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest")),
+    policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest", "dustin-vs")),
                                  help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
-                                      "streamingllm, quest; comma-separated."),
+                                      "streamingllm, quest; -vs: drafting over the verification set "
+                                      "(dustin-vs, streamingllm-vs); comma-separated."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),
     new_tokens: int = typer.Option(64, help="New tokens per sequence."),

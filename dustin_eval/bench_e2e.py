@@ -2,7 +2,9 @@
 
 Each policy runs through `generate` / `speculative_generate`, the functions `dustin decode` calls,
 with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive decoding), `full`
-(standard speculative decoding), `dustin`, `streamingllm`, `quest`. With preset shapes
+(standard speculative decoding), `dustin`, `streamingllm`, `quest`; `dustin-vs` and
+`streamingllm-vs` draft over the verification set (`--draft-kv verify-set`) instead of the draft's
+whole cache. With preset shapes
 (`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
 on values; the position limit is raised to context + new tokens), the caches hold `context` random
 rows, and acceptance is replayed: random weights
@@ -37,7 +39,8 @@ from dustin_runtime.sparse import SparseConfig
 from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 AR = "ar"
-POLICIES = (AR, "full", "dustin", "streamingllm", "quest")
+SPARSE_DRAFT = "-vs"  # suffix: the policy with sparse drafting (the draft attends the verification set)
+POLICIES = (AR, "full", "dustin", "streamingllm", "quest", "dustin-vs", "streamingllm-vs")
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,8 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     if policy == AR:
         pre = cfg.context - 1 if pair.random else None
         return generate(pair.target, pair.prompts, cfg.new_tokens, eos_ids=pair.eos, engine=eng, prefilled=pre)
+    if policy.endswith(SPARSE_DRAFT):
+        policy, scfg = policy.removesuffix(SPARSE_DRAFT), replace(scfg, draft_kv="verify-set")
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
@@ -260,6 +265,9 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     if policy == AR:
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
+    if policy.endswith(SPARSE_DRAFT):  # the draft reads the set, the commits and its drafts, not its cache
+        policy = policy.removesuffix(SPARSE_DRAFT)
+        draft_step = M * (w_d + B * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
     if policy == "full":
         target = w_t + B * L * kv_row_t
     else:

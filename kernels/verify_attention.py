@@ -250,8 +250,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     if num_splits is None:  # measured on the H200, see kernels/NOTES.md
         if sparse:  # fill the GPU once, no more: every extra split adds a partial and the combine
             num_splits = max(1, min(sms // (B * G * hsplit), cdiv(max(span, 1), 32)))
-        elif decode:  # ~2 programs per SM
-            num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
+        elif decode:  # at most 2 programs per SM: one wave (a few programs of a second wave cost a whole one)
+            num_splits = max(1, min(2 * sms // (B * G), cdiv(max(span, 1), 32)))
         elif B * G * 4 <= sms:  # small batch: ~2 programs per SM, so the serial combine stays short
             num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
         else:  # ~6 programs per SM for the full cache

@@ -37,12 +37,14 @@ def hooks(name, t, d, budget=64):
     if name == "none":
         return None
     cfg = SparseConfig(budget=budget, sinks=4, window=16, m=16, draft_heads=((0, 1, (2, 3)),),
-                       target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))))
+                       target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))),
+                       draft_kv="verify-set" if name.endswith("-vs") else "full")
+    name = name.removesuffix("-vs")
     return make_policy(name, None if name == "full" else cfg, target=t, draft=d)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
-@pytest.mark.parametrize("policy", ["none", "full", "dustin", "streamingllm", "quest"])
+@pytest.mark.parametrize("policy", ["none", "full", "dustin", "streamingllm", "quest", "dustin-vs"])
 def test_graph_path_equals_eager_path(pair, policy, batch):
     t, d = pair
     for call in range(2):  # the second call replays the graphs the first captured
@@ -92,16 +94,18 @@ def test_bench_e2e_small_shape(tmp_path):
     from dustin_eval.bench_e2e import E2EConfig, run_e2e, write_result
 
     cfg = E2EConfig(target="qwen2.5-0.5b", draft="qwen2.5-0.5b", batch=4, context=2048, new_tokens=24, budget=256,
-                    m=64, alphas=(0.6, 0.9), phase_reps=5)
+                    m=64, alphas=(0.6, 0.9), phase_reps=5, policies=("ar", "full", "dustin", "streamingllm", "quest",
+                                                                      "dustin-vs"))
     res = run_e2e(cfg, "pytest")
     path = write_result(res, tmp_path)
     assert path.is_file() and path.with_name(path.stem + "-alpha.png").is_file()
     by = {r["policy"]: r for r in res["records"]}
-    assert set(by) == {"ar", "full", "dustin", "streamingllm", "quest"}
+    assert set(by) == {"ar", "full", "dustin", "streamingllm", "quest", "dustin-vs"}
     for r in res["records"]:
         assert r["cuda_graphs"] and r["ms_per_step"] > 0 and r["graph_phase_sum_ms"] > 0
         assert r["new_tokens"] == 4 * 24
     assert by["ar"]["steps"] == 24 and by["full"]["steps"] < 24  # replayed acceptance at 0.8
     assert 1.5 < by["full"]["mean_accepted"] < 3.5
     assert res["summary"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
-    assert len(res["alpha_sweep"]) == 2 * 5
+    assert len(res["alpha_sweep"]) == 2 * 6
+    assert by["dustin-vs"]["byte_floor_ms"] < by["dustin"]["byte_floor_ms"]

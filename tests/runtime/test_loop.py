@@ -35,7 +35,7 @@ def dustin(pair, budget=8):
     return make_policy("dustin", cfg, target=t, draft=d)
 
 
-@pytest.mark.parametrize("policy", ["none", "dustin"])
+@pytest.mark.parametrize("policy", ["none", "dustin", "dustin-sparse-draft"])
 def test_engine_reuse_equals_fresh_runs(pair, policy):
     """A cached loop state (what CUDA graphs capture) reset for each call gives what fresh state gives."""
     target, draft = pair
@@ -43,7 +43,7 @@ def test_engine_reuse_equals_fresh_runs(pair, policy):
     calls = [(PROMPTS, [9, 14, 6], 0), ([p[::-1] for p in PROMPTS], [12, 5, 10], 1), (PROMPTS, [9, 14, 6], 0)]
     sampling = SamplingConfig(temperature=0.9, top_p=0.95)
     for prompts, max_new, seed in calls:
-        hooks = lambda: None if policy == "none" else dustin(pair)  # noqa: E731
+        hooks = lambda: {"none": None, "dustin": dustin(pair)}.get(policy) or sparse_draft(pair, 8)  # noqa: E731
         kw = dict(gamma=3, sampling=sampling, seed=seed)
         reused = speculative_generate(target, draft, prompts, max_new, hooks=hooks(), engine=eng, **kw)
         fresh = speculative_generate(target, draft, prompts, max_new, hooks=hooks(), **kw)
@@ -113,3 +113,63 @@ def test_accepted_counts_stop_at_the_length_limit_and_eos(pair):
                                replay=AcceptReplay(torch.full((4, 3), 4)))
     assert eos.tokens[1] == [first] and eos.stats.accepted[0][1] == 0 and eos.finish_reasons[1] == "eos"
     assert eos.stats.accepted[1][1] == -1
+
+
+def sparse_draft(pair, budget, policy="dustin"):
+    t, d = pair
+    cfg = SparseConfig.all_heads(t.cfg, d.cfg, budget, sinks=1, window=3)
+    cfg = SparseConfig(**{**cfg.__dict__, "draft_kv": "verify-set"})
+    return make_policy(policy, cfg, target=t, draft=d)
+
+
+@pytest.mark.parametrize("policy", ["dustin", "streamingllm"])
+def test_sparse_drafting_with_a_set_covering_the_context_equals_full_drafting(pair, policy):
+    target, draft = pair
+    t, d = pair
+    cfg = SparseConfig.all_heads(t.cfg, d.cfg, 64, sinks=1, window=3)
+    full = speculative_generate(target, draft, PROMPTS, 12, gamma=3, hooks=make_policy(policy, cfg, target=t, draft=d))
+    sparse = speculative_generate(target, draft, PROMPTS, 12, gamma=3, hooks=sparse_draft(pair, 64, policy))
+    assert sparse.tokens == full.tokens and sparse.stats.accepted == full.stats.accepted
+    assert sparse.stats.extra["draft_kv"] == "verify-set"
+
+
+def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkeypatch):
+    """At every draft forward the draft's rows are: the latest verification set (chosen at L0), the
+    rows committed since ([L0, L)) and this step's drafts before the forward's own ([L, start))."""
+    from dustin_runtime import policies
+
+    target, draft = pair
+    seen = []
+    orig = policies.DraftSet.drafted
+
+    def record(self, start, lens):
+        orig(self, start, lens)
+        seen.append((self.idx.clone(), self.set_lens.clone(), start.clone(), lens.clone()))
+
+    monkeypatch.setattr(policies.DraftSet, "drafted", record)
+    hooks = sparse_draft(pair, 8)
+    out = speculative_generate(target, draft, PROMPTS, 14, gamma=3, hooks=hooks)
+    assert len(seen) == 4 * out.stats.steps  # gamma + 1 forwards per step
+    checked = 0
+    for idx, L0, start, _ in seen:
+        for b in range(len(PROMPTS)):
+            rows = [int(r) for r in idx[b] if r >= 0]
+            assert len(rows) == len(set(rows)) and all(r < int(start[b]) for r in rows)
+            S_part = [r for r in rows if r < int(L0[b])]
+            assert len(S_part) == min(8, int(L0[b]))  # the set: the whole context when it is short
+            assert set(range(int(L0[b]), int(start[b]))) <= set(rows)  # commits and drafts so far
+            assert {0} | set(range(max(0, int(L0[b]) - 3), int(L0[b]))) <= set(S_part)  # its sinks and window
+            checked += 1
+    assert checked and any(int(L0[b]) < int(L[b]) for _, L0, _, L in seen for b in range(3))
+    assert any(int(L0[b]) > 8 for _, L0, _, _ in seen for b in range(3)), "the budget must bind"
+
+
+def test_sparse_drafting_is_refused_where_there_is_no_shared_set(pair):
+    from dustin_runtime.errors import DustinError
+
+    t, d = pair
+    cfg = SparseConfig(budget=16, sinks=1, window=3, draft_kv="verify-set")
+    with pytest.raises(DustinError, match="per layer"):
+        make_policy("quest", cfg, target=t, draft=d)
+    with pytest.raises(DustinError, match="no verification set"):
+        make_policy("full", cfg, target=t, draft=d)
