@@ -12,7 +12,11 @@ verification position L (largest first, so a pass only overwrites rows no later 
   context attention A of `dustin_runtime.recovery` (each query's context attention renormalised,
   mean over heads and queries) and Quest's ARR.
 The verification tokens are therefore the draft's own greedy drafts, as at run time (with
-`verify_tokens="text"` they are the true continuation instead: teacher forcing).
+`verify_tokens="text"` they are the true continuation instead: teacher forcing). With
+`draft_set=(budget, sinks, window)` the draft drafts as with `draft_kv="verify-set"` at run time:
+over a verification set of that size (sinks, window and the rest by the target history of every
+target KV head, the set the runtime would have chosen at L from the target alone), the rows since
+and its own drafts.
 The target history signal of position L comes from the previous verification pass, taken as the
 gamma + 1 true tokens before L (all accepted): the target's queries at [L - gamma - 1, L),
 captured during prefill, softmax over that pass's context [0, L - gamma - 1)."""
@@ -34,6 +38,23 @@ from dustin_runtime.recovery import context_attention
 PAGE = 16  # Quest's page size
 
 
+class _ThroughSet(AttentionBackend):
+    """The draft's attention while drafting over a `DraftSet` (sparse drafting); `base` otherwise."""
+
+    def __init__(self, base: AttentionBackend, ops, draft_set):
+        self.base, self.ops, self.set = base, ops, draft_set
+        self.lens: torch.Tensor | None = None  # [1] context rows L of the pass being drafted
+
+    def begin(self, ctx):
+        if ctx.phase == "draft":
+            self.set.drafted(ctx.start, self.lens)
+
+    def attend(self, layer, q, cache, ctx):
+        if ctx.phase == "draft":
+            return self.ops.sparse_verify_attention(q, cache.k[layer], cache.v[layer], self.set.idx, ctx.start)
+        return self.base.attend(layer, q, cache, ctx)
+
+
 class Recorder(AttentionBackend):
     """Wraps a backend. Prefill: keeps the queries at the `capture` positions. Draft steps: keeps
     each step's queries. Verification: computes the exact attention itself (fp32) and records,
@@ -49,6 +70,9 @@ class Recorder(AttentionBackend):
         self.page = page
         self.q_capture: list[torch.Tensor | None] = [None] * num_layers  # [H, K, D] each
         self.reset_steps()
+
+    def begin(self, ctx: ForwardContext) -> None:
+        self.base.begin(ctx)
 
     def reset_steps(self) -> None:
         n = len(self.q_capture)
@@ -113,6 +137,7 @@ def record_window(
     quest_budgets: tuple[int, ...] = (),
     verify_tokens: str = "draft",
     prefill_chunk: int = 2048,
+    draft_set: tuple[int, int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Record one window (see the module docstring). Returns CPU tensors, P = len(positions),
     N = max(positions), padded with zeros past each pass's L:
@@ -142,7 +167,16 @@ def record_window(
         qh = trec.q_capture[layer][:, slots].transpose(0, 1)  # [P, H, M, D]
         tsig.append(kv_head_signals(qh, tcache.k[layer], hist_lens)[..., :N].float().cpu())
     # draft: prefill once; per position draft gamma tokens and keep its queries
-    drec = Recorder(default_backend(device), draft.cfg.num_layers)
+    through = None
+    if draft_set is not None:
+        from dustin_runtime.ops import default_ops
+        from dustin_runtime.policies import DraftSet
+
+        ops, (budget, sinks, window) = default_ops(device), draft_set
+        through = _ThroughSet(default_backend(device), ops, DraftSet(1, budget, gamma, device))
+        history = torch.cat(tsig, dim=0).sum(0).to(device)  # [P, N]: every target KV head
+        chosen = torch.full((1, budget), -1, dtype=torch.int32, device=device)
+    drec = Recorder(through or default_backend(device), draft.cfg.num_layers)
     dcache = draft.allocate_cache(1, N + M)
     _prefill(draft, dcache, tokens[:N], drec.base, prefill_chunk)
     P, Lt = len(order), target.cfg.num_layers
@@ -157,7 +191,14 @@ def record_window(
     dsig = [torch.zeros(draft.cfg.num_kv_heads, P, N) for _ in range(draft.cfg.num_layers)]
     for i, L in enumerate(order):
         drec.reset_steps()
-        dcache.set_lengths(torch.tensor([L], dtype=torch.int32, device=device))
+        lens = torch.tensor([L], dtype=torch.int32, device=device)
+        dcache.set_lengths(lens)
+        if through is not None:
+            pad = torch.zeros(1, max(0, dcache.max_len - N), device=device)
+            hist = torch.cat([history[i: i + 1], pad], dim=1)  # [1, N_max]
+            ops.select_indices(hist, None, lens, chosen, sinks=sinks, window=window, m=budget - sinks - window)
+            through.set.chosen(chosen, lens)
+            through.lens = lens
         tok = torch.tensor([[tokens[L]]], device=device)
         drafted = []
         for j in range(M):
@@ -167,7 +208,6 @@ def record_window(
                 tok = (torch.tensor([[tokens[L + j + 1]]], device=device) if verify_tokens == "text"
                        else dl[:, -1, :V].argmax(-1, keepdim=True))
                 drafted.append(tok)
-        lens = torch.tensor([L], dtype=torch.int32, device=device)
         for layer in range(draft.cfg.num_layers):
             qd = torch.stack(drec.q_steps[layer], dim=1).unsqueeze(0)  # [1, H, M, D]
             dsig[layer][:, i] = kv_head_signals(qd, dcache.k[layer][:, :, :N], lens)[:, 0].float().cpu()

@@ -104,3 +104,19 @@ def test_kv_head_signals_triton_matches_reference():
     torch.testing.assert_close(tri, ref, atol=1e-5, rtol=1e-4)
     assert ref.shape == (2, 3, 37) and ref[:, 1, 20:].abs().sum() == 0
     torch.testing.assert_close(ref.sum(-1), torch.full((2, 3), 15.0), atol=1e-4, rtol=0)  # 3 heads x 5 queries
+
+
+def test_sparse_drafting_mode(pair):
+    """With draft_set the draft drafts over a verification set: a set covering the context gives the
+    full-attention recording; a binding one drafts from fewer rows (and may draft other tokens)."""
+    (tgt, _), (drf, _) = pair
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 131, (70,), generator=g).tolist()
+    plain = record_window(tgt, drf, tokens, [60, 45], gamma=GAMMA)
+    covering = record_window(tgt, drf, tokens, [60, 45], gamma=GAMMA, draft_set=(64, 2, 4))
+    assert torch.equal(plain["drafted"], covering["drafted"])
+    torch.testing.assert_close(plain["draft"], covering["draft"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(plain["attn"], covering["attn"])
+    tight = record_window(tgt, drf, tokens, [60, 45], gamma=GAMMA, draft_set=(12, 2, 4))
+    assert tight["drafted"].shape == plain["drafted"].shape
+    assert not torch.allclose(tight["draft"], plain["draft"], atol=1e-3)  # other drafts or other queries
