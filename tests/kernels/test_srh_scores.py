@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dustin_kernels import srh_scores, srh_scores_ref
+from dustin_kernels import KernelArgumentError, srh_scores, srh_scores_ref
 from dustin_kernels.checks import TOL, poisoned, rel_err
-
-from dustin_runtime.errors import DustinError
 
 # (B, Hs, M, D, G, N_max, kv_heads, num_splits)
 CASES = [
@@ -89,11 +87,11 @@ def test_bad_inputs_raise_dustin_error():
     q = torch.randn(1, 2, 3, 16)
     k = torch.randn(1, 2, 10, 16)
     lens = torch.tensor([5], dtype=torch.int32)
-    with pytest.raises(DustinError, match="kv_heads"):
+    with pytest.raises(KernelArgumentError, match="kv_heads"):
         srh_scores(q, torch.tensor([0, 1]), k, lens)
-    with pytest.raises(DustinError, match="reduce"):
+    with pytest.raises(KernelArgumentError, match="reduce"):
         srh_scores(q, torch.tensor([0, 1], dtype=torch.int32), k, lens, reduce="mean")
-    with pytest.raises(DustinError, match="accumulate"):
+    with pytest.raises(KernelArgumentError, match="accumulate"):
         srh_scores(q, torch.tensor([0, 1], dtype=torch.int32), k, lens, accumulate=True)
 
 
