@@ -1,8 +1,8 @@
 """select_indices vs torch.topk at a large batch x context (B 32, 64k, S 512): programs per row and
 warps, each checked exact against the reference; per-call times from CUDA-graph replays (H200).
 
-Usage (device): python3 scripts/probe_select_large.py  ->  one line per configuration.
-Recorded run: results/bench/probe-select-large-a549e5c.log (the defaults then: 16 warps).
+Usage (device): python3 probes/probe_select_large.py  ->  one line per configuration.
+Recorded run: probes/results/probe-select-large-a549e5c.log (the defaults then: 16 warps).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and the sparse kernel itself at a
 budget of 16, 64 and 512 rows (72B shape, 32k, batch 16). The gap between (b)/(c) and the sparse
 kernel at a small budget is the part of its fixed cost that a different kernel could remove.
 
-Usage (device): python3 scripts/probe_fixed_cost.py OUT.json
+Usage (device): python3 probes/probe_fixed_cost.py OUT.json
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(path: str) -> None:
         recs[f"sparse_S{S}"] = graph_us(lambda i, sets=sets: sparse_verify_attention(
             qs[i % 12], ks[i % 12], vs[i % 12], sets[i % 12], lens, out=outs[i % 12]))
     res = {"gpu": torch.cuda.get_device_name(0), "programs": P, "pdl": pdl, "per_call_us": recs,
-           "environment": environment("python3 scripts/probe_fixed_cost.py " + path)}
+           "environment": environment("python3 probes/probe_fixed_cost.py " + path)}
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     for k, v in recs.items():

@@ -2,7 +2,7 @@
 (Qwen2.5-7B shape, random weights, batch 16, 32k, S 512, 4 SRH KV heads) captured in a CUDA graph,
 replayed under the torch profiler; prints the kernels by total GPU time.
 
-    python scripts/profile_dustin_verify.py [config] [batch] [context]
+    python probes/profile_dustin_verify.py [config] [batch] [context]
 """
 
 import sys
