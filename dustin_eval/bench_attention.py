@@ -14,19 +14,18 @@ GPU-only imports stay inside the functions, so CPU code may import this module.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import platform
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from dustin_eval.results import git_commit
+from dustin_eval.timing import do_bench_ms, graph_ms
 from dustin_runtime.errors import DustinError
+from dustin_runtime.presets import preset
+from dustin_runtime.provenance import environment
 
 SCHEMA_VERSION = 1
 
@@ -42,17 +41,10 @@ class AttnShape:
     layers: int
 
 
-SHAPES = {
-    s.name: s
-    for s in (
-        AttnShape("qwen2.5-72b", 64, 8, 128, 80),
-        AttnShape("qwen2.5-7b", 28, 4, 128, 28),
-        AttnShape("llama-3-70b", 64, 8, 128, 80),
-        AttnShape("llama-3-8b", 32, 8, 128, 32),
-        AttnShape("qwen2.5-0.5b", 14, 2, 64, 24),
-        AttnShape("smollm2-135m", 9, 3, 64, 30),
-    )
-}
+def attention_shape(name: str) -> AttnShape:
+    """The attention shape of a named model shape of `dustin_runtime.presets` (aliases accepted)."""
+    c = preset(name)
+    return AttnShape(name, c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers)
 
 
 @dataclass(frozen=True)
@@ -79,50 +71,15 @@ def parse_list(text: str, kind=int) -> list:
         raise DustinError(f"bad list {text!r}: {e}") from None
 
 
-# ---------------------------------------------------------------- timing
-
-
-def graph_ms(calls: list[Callable[[], object]], replays: int = 15, budget_ms: float = 300.0) -> dict:
-    """Per-call time of `calls` captured back to back in one CUDA graph (median over replays,
-    fewer replays, at least 3, when one replay is long)."""
-    for c in calls:  # warm-up: compile, allocate counters, load modules
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    replays = max(3, min(replays, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
-    del graph
-    times.sort()
-    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1], "calls_per_graph": len(calls),
-            "replays": replays}
-
-
-def _do_bench_ms(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def _record(kernel: str, calls: list, bytes_: int, copy_tbps: float, *, graph: bool = True, **extra) -> dict:
+def record(kernel: str, calls: list[Callable[[], object]], bytes_: int, copy_tbps: float, *, graph: bool = True,
+           **extra) -> dict:
+    """One kernel's record: per-call graph time of `calls` (`timing.graph_ms`), `do_bench` time of
+    one call, TB/s of `bytes_` and its share of the copy bandwidth; or the error that stopped it."""
     rec = {"kernel": kernel, "bytes": int(bytes_)}
     try:
         if graph:
             rec.update(graph_ms(calls))
-        rec["do_bench_ms"] = _do_bench_ms(calls[0])
+        rec["do_bench_ms"] = do_bench_ms(calls[0])
         if not graph:
             rec["median_ms"] = rec["do_bench_ms"]
         rec["tbps"] = bytes_ / (rec["median_ms"] * 1e-3) / 1e12
@@ -138,34 +95,9 @@ def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> dict:
     """Device-to-device copy of nbytes: bytes read + written over the median time."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = _do_bench_ms(lambda: dst.copy_(src))
+    ms = do_bench_ms(lambda: dst.copy_(src))
     tbps = 2 * nbytes / (ms * 1e-3) / 1e12
     return {"kernel": "copy", "bytes": 2 * nbytes, "median_ms": ms, "do_bench_ms": ms, "tbps": tbps, "bandwidth_fraction": 1.0}
-
-
-# ---------------------------------------------------------------- environment
-
-
-def environment(command: str) -> dict:
-    import triton
-
-    commit = git_commit()
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": getattr(props, "L2_cache_size", None),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "git_commit": commit,
-        "command": command,
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-# ---------------------------------------------------------------- the benchmark
 
 
 def verify_buffers(B: int, H: int, G: int, D: int, N: int, M: int, n_buf: int, dt, dev) -> tuple:
@@ -184,7 +116,7 @@ def random_index_sets(B: int, N: int, S: int, n: int, dev) -> list[torch.Tensor]
             for _ in range(n)]
 
 
-def _n_calls(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
+def calls_per_graph(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
     """Enough calls per graph that the data they touch is 4x the L2."""
     return max(lo, min(hi, math.ceil(4 * l2 / max(1, bytes_per_call))))
 
@@ -210,8 +142,8 @@ def _sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free) -> list
                 F.scaled_dot_product_attention(qs[0], ks[0], vs[0], enable_gqa=True)
             torch.cuda.synchronize()
             calls = [lambda i=i: call(i) for i in range(len(ks))]
-            recs.append(_record(name, calls, full_bytes, copy_tbps, graph=name != "sdpa_math", gqa="enable_gqa",
-                                mask="none (cost baseline)"))
+            recs.append(record(name, calls, full_bytes, copy_tbps, graph=name != "sdpa_math", gqa="enable_gqa",
+                               mask="none (cost baseline)"))
             continue
         except Exception as e:  # noqa: BLE001 - the backend refuses enable_gqa: try expanded K/V
             gqa_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
@@ -222,9 +154,9 @@ def _sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free) -> list
             continue
         kx = ks[0].repeat_interleave(rep, dim=1) if rep > 1 else ks[0]
         vx = vs[0].repeat_interleave(rep, dim=1) if rep > 1 else vs[0]
-        rec = _record(name, [lambda kx=kx, vx=vx, b=backend: call(0, b, False, kx, vx)], full_bytes, copy_tbps,
-                      graph=True, gqa="expanded K/V (reads H/G times the bytes)", mask="none (cost baseline)",
-                      gqa_error=gqa_error)
+        rec = record(name, [lambda kx=kx, vx=vx, b=backend: call(0, b, False, kx, vx)], full_bytes, copy_tbps,
+                     graph=True, gqa="expanded K/V (reads H/G times the bytes)", mask="none (cost baseline)",
+                     gqa_error=gqa_error)
         recs.append(rec)
         del kx, vx
         torch.cuda.empty_cache()
@@ -243,11 +175,9 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     )
     from dustin_kernels.checks import rel_err
 
+    shp = attention_shape(cfg.shape)
     if not torch.cuda.is_available():
         raise DustinError("dustin bench attention needs a CUDA GPU")
-    if cfg.shape not in SHAPES:
-        raise DustinError(f"unknown shape {cfg.shape!r}; known: {', '.join(SHAPES)}")
-    shp = SHAPES[cfg.shape]
     B, H, G, D, M, S = cfg.batch, shp.heads, shp.kv_heads, shp.head_dim, cfg.gamma + 1, cfg.budget
     N = cfg.context
     n_max = N + M  # the runtime writes the M new tokens' K/V into the cache first
@@ -263,38 +193,28 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
     layer_bytes = 2 * B * G * n_max * D * dt.itemsize
     n_buf = max(1, min(12, int(cfg.mem_budget_gb * 1e9 // layer_bytes)))
-    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, n_buf, dt, dev)
     q_bytes = B * H * M * D * dt.itemsize
     full_bytes = layer_bytes + 2 * q_bytes  # K/V of context + new tokens, q in, out
-    n_full = _n_calls(layer_bytes, l2)
-    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-
-    def full_calls(**kw):
-        return [lambda i=i % n_buf: full_verify_attention(qs[i], ks[i], vs[i], lens, out=outs[i], **kw)
-                for i in range(n_full)]
-
-    records = [copy]
-    records.append(_record("full_verify_attention", full_calls(), full_bytes, copy_tbps, n_distinct_buffers=n_buf))
+    full_calls = [lambda i=i % n_buf: full_verify_attention(qs[i], ks[i], vs[i], lens, out=outs[i])
+                  for i in range(calls_per_graph(layer_bytes, l2))]
+    records = [copy, record("full_verify_attention", full_calls, full_bytes, copy_tbps, n_distinct_buffers=n_buf)]
 
     # sparse: a distinct random index set per call (sorted, as select_indices returns them)
     sel_bytes = 2 * B * G * (min(S, N) + M) * D * dt.itemsize
     sparse_bytes = sel_bytes + 2 * q_bytes + B * S * 4
-    n_sparse = _n_calls(sel_bytes, l2)
+    n_sparse = calls_per_graph(sel_bytes, l2)
     idx = random_index_sets(B, N, min(S, N), n_sparse, dev)
     idx_g = [torch.sort(torch.rand(B, G, N, device=dev).topk(min(S, N), dim=2).indices, dim=2).values.to(torch.int32)
              for _ in range(min(n_sparse, 64))]
 
-    def sparse_calls(per_head=False, **kw):
-        sets = idx_g if per_head else idx
+    def sparse_calls(sets):
         return [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], sets[i % len(sets)],
-                                                    lens, out=outs[i % n_buf], **kw) for i in range(n_sparse)]
+                                                    lens, out=outs[i % n_buf]) for i in range(n_sparse)]
 
-    records.append(_record("sparse_verify_attention", sparse_calls(), sparse_bytes, copy_tbps, index_form="[B, S]"))
-    records.append(_record("sparse_verify_attention_per_head", sparse_calls(True), sparse_bytes, copy_tbps,
-                           index_form="[B, G, S]"))
+    records.append(record("sparse_verify_attention", sparse_calls(idx), sparse_bytes, copy_tbps, index_form="[B, S]"))
+    records.append(record("sparse_verify_attention_per_head", sparse_calls(idx_g), sparse_bytes, copy_tbps,
+                          index_form="[B, G, S]"))
 
     # correctness gate on buffer 0 (bf16 vs fp32 reference)
     check = {
@@ -312,8 +232,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     q_srh = [torch.randn(B, hs, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
     score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
     srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4  # keys once (the kernel reads them twice) + out
-    n_srh = _n_calls(srh_bytes, l2, lo=12, hi=64)
-    records.append(_record(
+    n_srh = calls_per_graph(srh_bytes, l2, lo=12, hi=64)
+    records.append(record(
         "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens, out=score_out[i % 4])
                        for i in range(n_srh)],
         srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M,
@@ -323,11 +243,11 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     sec = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sel_out = [torch.empty(B, S, dtype=torch.int32, device=dev) for _ in range(8)]
     sel_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=cfg.m)
-    records.append(_record(
+    records.append(record(
         "select_indices", [lambda i=i: select_indices(prim[i % 8], sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
                            for i in range(24)],
         2 * B * n_max * 4 + B * S * 4, copy_tbps, note="scores are L2-resident in a decode step too"))
-    records.append(_record(
+    records.append(record(
         "torch_topk", [lambda i=i: torch.topk(prim[i % 8], S, dim=1) for i in range(24)],
         B * n_max * 4, copy_tbps, note="one top-k only, unsorted indices; select does two plus the merge"))
 
@@ -339,9 +259,9 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         select_indices(o, sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
 
     n_est = max(6, n_srh // 2)
-    records.append(_record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
-                           cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
-                           note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
+    records.append(record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
+                          cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
+                          note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
 
     if cfg.sdpa:
         mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731

@@ -18,10 +18,12 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from common import graph_us
 from dustin_kernels import sparse_verify_attention
 from dustin_kernels._util import pdl_supported
 
-from dustin_eval.bench_attention import environment, graph_ms, random_index_sets, verify_buffers
+from dustin_eval.bench_attention import random_index_sets, verify_buffers
+from dustin_runtime.provenance import environment
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -66,11 +68,6 @@ def _gather_sum(IDX, K, V, OUT, rows_per_prog, n_splits, n_ctx,
         ptr = base + rows.to(tl.int64)[:, None] * D + rd[None, :]
         acc += tl.load(K + ptr).to(tl.float32) + tl.load(V + ptr).to(tl.float32)
     tl.store(OUT + (pair * n_splits + split) * D + rd, tl.sum(acc, 0).to(OUT.dtype.element_ty))
-
-
-def graph_us(fn, n: int = 24) -> float:
-    """Median per-call time (us) of fn(0..n-1) captured back to back in one CUDA graph."""
-    return graph_ms([lambda i=i: fn(i) for i in range(n)])["median_ms"] * 1e3
 
 
 def main(path: str) -> None:

@@ -18,11 +18,11 @@ import triton
 import triton.language as tl
 
 from dustin_eval.bench_attention import (
-    SHAPES,
-    _n_calls,
-    _record,
+    attention_shape,
+    calls_per_graph,
     copy_bandwidth_tbps,
     random_index_sets,
+    record,
 )
 
 
@@ -50,7 +50,7 @@ def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 
     the budget (intercept = fixed cost), contiguous vs random rows, and a grid of configurations."""
     from dustin_kernels import full_verify_attention, sparse_verify_attention
 
-    shp = SHAPES[shape]
+    shp = attention_shape(shape)
     B, H, G, D, M, N = batch, shp.heads, shp.kv_heads, shp.head_dim, 5, context
     n_max, dt, dev = N + M, torch.bfloat16, "cuda"
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -70,10 +70,10 @@ def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 
 
     def sparse_rec(name, S, idx, **kw):
         sel = 2 * B * G * (S + M) * D * 2
-        n = _n_calls(sel, l2)
+        n = calls_per_graph(sel, l2)
         calls = [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)],
                                                      lens, out=out, **kw) for i in range(n)]
-        return _record(name, calls, sel + 2 * B * H * M * D * 2 + B * S * 4, copy_tbps, budget=S, **kw)
+        return record(name, calls, sel + 2 * B * H * M * D * 2 + B * S * 4, copy_tbps, budget=S, **kw)
 
     idx512 = sets(budget)
     ko = torch.empty(B, G, budget, D, dtype=dt, device=dev)
@@ -83,9 +83,9 @@ def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 
         for block in (32, 64):
             calls = [lambda i=i, idx=idx, block=block: gather_copy[(triton.cdiv(budget, block), G, B)](
                 ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)], ko, vo, budget, *ks[0].stride()[:3], *ko.stride()[:3],
-                G=G, D=D, BLOCK=block) for i in range(_n_calls(2 * B * G * budget * D * 2, l2))]
-            recs.append(_record("gather_copy", calls, 4 * B * G * budget * D * 2, copy_tbps, block=block,
-                                contiguous=contiguous, note="bytes = rows read + written"))
+                G=G, D=D, BLOCK=block) for i in range(calls_per_graph(2 * B * G * budget * D * 2, l2))]
+            recs.append(record("gather_copy", calls, 4 * B * G * budget * D * 2, copy_tbps, block=block,
+                               contiguous=contiguous, note="bytes = rows read + written"))
     for S in (64, 128, 256, 1024, 2048):
         recs.append(sparse_rec("sparse_vs_budget", S, sets(S, n=16)))
     recs.append(sparse_rec("sparse_contiguous_rows", budget, sets(budget, True, 4)))
@@ -95,14 +95,14 @@ def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 
         recs.append(sparse_rec("sparse_variant", budget, idx512, num_splits=splits, block_n=bn, num_warps=nw,
                                num_stages=ns))
     fb = 2 * B * G * n_max * D * 2 + 2 * B * H * M * D * 2
-    nf = _n_calls(fb, l2)
+    nf = calls_per_graph(fb, l2)
     for splits, bn, nw, ns in ((6, 32, 4, 4), (8, 32, 4, 4), (10, 32, 4, 4), (12, 32, 4, 4), (8, 32, 4, 5),
                                (8, 32, 4, 3), (8, 64, 4, 4), (8, 16, 4, 6)):
         calls = [lambda i=i, kw=dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns):
                  full_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], lens, out=out, **kw)
                  for i in range(nf)]
-        recs.append(_record("full_variant", calls, fb, copy_tbps, num_splits=splits, block_n=bn, num_warps=nw,
-                            num_stages=ns))
+        recs.append(record("full_variant", calls, fb, copy_tbps, num_splits=splits, block_n=bn, num_warps=nw,
+                           num_stages=ns))
     return {"copy_tbps": copy_tbps, "gpu": torch.cuda.get_device_name(0), "records": recs}
 
 

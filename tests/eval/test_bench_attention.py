@@ -9,6 +9,7 @@ import torch
 
 from dustin_eval import bench_attention as ba
 from dustin_runtime.errors import DustinError
+from dustin_runtime.presets import preset
 
 
 def test_parse_list_and_result_path():
@@ -20,10 +21,15 @@ def test_parse_list_and_result_path():
     assert ba.result_path(Path("results/bench"), cfg).name == "attention-qwen2.5-72b-32768-16-512.json"
 
 
-def test_shape_table():
-    s = ba.SHAPES["qwen2.5-72b"]
-    assert (s.heads, s.kv_heads, s.head_dim, s.layers) == (64, 8, 128, 80)
-    assert all(v.heads % v.kv_heads == 0 for v in ba.SHAPES.values())
+def test_shapes_come_from_the_presets():
+    s = ba.attention_shape("qwen2.5-72b")
+    assert (s.name, s.heads, s.kv_heads, s.head_dim, s.layers) == ("qwen2.5-72b", 64, 8, 128, 80)
+    c = preset("llama-3-70b")  # an alias keeps its name in the record
+    s = ba.attention_shape("llama-3-70b")
+    assert (s.name, s.heads, s.kv_heads, s.head_dim, s.layers) == (
+        "llama-3-70b", c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers)
+    with pytest.raises(DustinError, match="unknown model shape 'gpt-9'"):
+        ba.attention_shape("gpt-9")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
