@@ -59,36 +59,3 @@ def test_oracle_bounds_every_shared_set():
     for m in (0, 10, 44):
         assert (arr_grid(st, st.draft.sum(0), st.target.sum(0), budget=64, sinks=4, window=16, ms=[m])[0] <= o + 1e-6).all()
     assert (baselines.streamingllm(st, 64, 4) <= o + 1e-6).all()
-
-
-def test_quest_masses_monotone_and_full():
-    g = torch.Generator().manual_seed(0)
-    G, r, M, D, L = 2, 3, 5, 16, 100
-    q, k = torch.randn(G, r, M, D, generator=g), torch.randn(G, L + M, D, generator=g)
-    s = torch.einsum("grmd,gnd->grmn", q, k)
-    p = torch.softmax(s, -1)[..., :L]
-    budgets = (16, 32, 48, 64, 96, 112, 128)
-    got = baselines.quest_masses(q, k[:, :L], p / p.sum(-1, keepdim=True), budgets)
-    assert (got[1:] >= got[:-1] - 1e-7).all()
-    assert float(got[-1]) == pytest.approx(1.0, abs=1e-5)
-
-
-def test_quest_masses_against_a_direct_computation():
-    """Pages of 16 (the last one partial), ranked by the min/max-key upper bound, the top S // 16."""
-    g = torch.Generator().manual_seed(1)
-    G, r, M, D, L, page = 2, 2, 3, 8, 53, 16
-    q, k = torch.randn(G, r, M, D, generator=g), torch.randn(G, L, D, generator=g)
-    p = torch.softmax(torch.randn(G, r, M, L, generator=g), -1)  # each query's context share
-    got = baselines.quest_masses(q, k, p, (32,), page)
-    want = []
-    for gi in range(G):
-        pages = [range(s, min(s + page, L)) for s in range(0, L, page)]
-        ub = []
-        for rows in pages:
-            kmax, kmin = k[gi, list(rows)].amax(0), k[gi, list(rows)].amin(0)
-            ub.append(max(float(torch.maximum(q[gi, h, j] * kmax, q[gi, h, j] * kmin).sum())
-                          for h in range(r) for j in range(M)))
-        top = sorted(range(len(pages)), key=lambda i: -ub[i])[:2]
-        rows = [i for t in top for i in pages[t]]
-        want.append(float(p[gi, :, :, rows].sum(-1).mean()))
-    assert float(got[0]) == pytest.approx(sum(want) / G, abs=1e-5)
