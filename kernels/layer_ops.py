@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dustin_kernels._util import next_pow2, pdl_supported
+from dustin_kernels._util import check_out, next_pow2, pdl_supported, require
 
 try:  # grid dependency control; absent in older Triton
     from triton.language.extra.cuda import gdc_launch_dependents
@@ -87,14 +87,17 @@ def _swiglu_kernel(GU, OUT, inter, sg, so, BLOCK: tl.constexpr):
     tl.store(OUT + row * so + cols, (s * u).to(OUT.dtype.element_ty), mask=mask)
 
 
-def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """gu [..., 2I] (gate | up) -> silu(gate) * up [..., I]."""
+def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gu [..., 2I] (gate | up) -> silu(gate) * up [..., I], written into `out` when given
+    (contiguous, gu's dtype and device)."""
     g2 = _rows(gu)
     inter = g2.shape[1] // 2
-    out = torch.empty(g2.shape[0], inter, dtype=gu.dtype, device=gu.device)
+    out = check_out(out, (*gu.shape[:-1], inter), gu.dtype, gu.device)
+    require(out.is_contiguous(), "out must be contiguous")
+    o2 = out.view(g2.shape[0], inter)
     block = 1024
-    _swiglu_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, g2.stride(0), out.stride(0), BLOCK=block)
-    return out.view(*gu.shape[:-1], inter)
+    _swiglu_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, o2, inter, g2.stride(0), o2.stride(0), BLOCK=block)
+    return out
 
 
 def swiglu_ref(gu: torch.Tensor) -> torch.Tensor:

@@ -40,9 +40,11 @@ def test_rms_norm(dtype, rows, d):
 def test_swiglu(dtype, shape):
     g = torch.Generator(device=DEV).manual_seed(sum(shape))
     gu = torch.randn(*shape, device=DEV, generator=g).to(dtype)
-    out = torch.full((*shape[:-1], shape[-1] // 2), float("nan"), device=DEV)
-    out = swiglu(gu)
-    assert not out.isnan().any() and rel(out, swiglu_ref(gu)) <= TOL[dtype]
+    out = torch.full((*shape[:-1], shape[-1] // 2), float("nan"), device=DEV, dtype=dtype)  # poisoned
+    assert swiglu(gu, out=out) is out
+    assert not out.isnan().any(), "swiglu left elements of out unwritten"
+    assert rel(out, swiglu_ref(gu)) <= TOL[dtype]
+    assert torch.equal(swiglu(gu), out)  # a fresh buffer holds the same
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
