@@ -82,6 +82,7 @@ def check_lens(cache_lens: torch.Tensor, B: int, device: torch.device) -> None:
     require(cache_lens.dtype == torch.int32, f"cache_lens must be int32, got {cache_lens.dtype}")
     require(tuple(cache_lens.shape) == (B,), f"cache_lens must have shape [{B}], got {list(cache_lens.shape)}")
     require(cache_lens.device == device, "cache_lens must be on the same device as q")
+    require(cache_lens.is_contiguous(), "cache_lens must be contiguous")
 
 
 def check_out(out: torch.Tensor | None, shape: tuple, dtype: torch.dtype, device: torch.device, name: str = "out"):

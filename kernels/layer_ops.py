@@ -44,6 +44,8 @@ def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo,
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] as rows [n, d] (any row stride; elements of a row must be adjacent)."""
+    require(x.stride(-1) == 1, "the last dimension must be contiguous")
     return x.reshape(-1, x.shape[-1])
 
 

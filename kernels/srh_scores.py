@@ -269,7 +269,7 @@ def srh_scores(
     require(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
     require(kv_heads.dtype == torch.int32 and tuple(kv_heads.shape) == (HS,),
             f"kv_heads must be int32 [{HS}], got {kv_heads.dtype} {list(kv_heads.shape)}")
-    require(kv_heads.device == q.device, "kv_heads must be on the same device as q")
+    require(kv_heads.device == q.device and kv_heads.is_contiguous(), "kv_heads must be contiguous, on q's device")
     check_lens(cache_lens, B, q.device)
     require(not accumulate or out is not None, "accumulate=True needs out")
     N = k_cache.shape[2]

@@ -89,6 +89,48 @@ def test_sparse_matches_reference(dtype, case, per_head):
     assert rel_err(out, ref) <= TOL[dtype]
 
 
+def strided(t: torch.Tensor, perm: tuple[int, ...], pad: int = 3) -> torch.Tensor:
+    """A copy of t as a non-contiguous view: stored with dims permuted by `perm` and the last
+    stored dim padded by `pad` unused elements."""
+    store = torch.full([t.shape[p] for p in perm[:-1]] + [t.shape[perm[-1]] + pad], float("nan") if
+                       t.is_floating_point() else -9, dtype=t.dtype, device=t.device)
+    inv = [perm.index(i) for i in range(t.dim())]
+    view = store[..., : t.shape[perm[-1]]].permute(*inv)
+    view.copy_(t)
+    assert not view.is_contiguous()
+    return view
+
+
+@pytest.mark.parametrize("sparse,per_head", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_any_strides_match_reference(sparse, per_head, splits):
+    """q, k_cache, v_cache, k_new, v_new, indices and out as permuted, padded views: the launchers
+    promise any strides."""
+    B, H, G, M, D, N_ctx = 2, 6, 2, 3, 16, 45
+    dev = _device()
+    q, k, v, lens, kn, vn, gen = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, False, seed=50 + splits)
+    idx = _indices(lens.cpu(), 21, G, per_head, gen, dev)
+    qs, ks, vs = strided(q, (0, 2, 1, 3)), strided(k, (2, 0, 1, 3)), strided(v, (0, 2, 1, 3), pad=5)
+    kns, vns = strided(kn, (0, 2, 1, 3)), strided(vn, (2, 1, 0, 3))
+    idxs = strided(idx, (1, 0) if not per_head else (2, 0, 1))
+    out = strided(poisoned((B, H, M, D), torch.float32, dev), (0, 2, 1, 3))
+    if sparse:
+        sparse_verify_attention(qs, ks, vs, idxs, lens, kns, vns, out=out, num_splits=splits, block_n=16)
+        ref = sparse_verify_attention_ref(q, k, v, idx, lens, kn, vn)
+    else:
+        full_verify_attention(qs, ks, vs, lens, kns, vns, out=out, num_splits=splits, block_n=16)
+        ref = full_verify_attention_ref(q, k, v, lens, kn, vn)
+    assert rel_err(out, ref) <= TOL[torch.float32]
+    # the new tokens read from the cache rows (no k_new / v_new), through strided caches
+    if sparse:
+        got = sparse_verify_attention(qs, ks, vs, idxs, lens, num_splits=splits, block_n=16)
+        want = sparse_verify_attention_ref(q, k, v, idx, lens)
+    else:
+        got = full_verify_attention(qs, ks, vs, lens, num_splits=splits, block_n=16)
+        want = full_verify_attention_ref(q, k, v, lens)
+    assert rel_err(got, want) <= TOL[torch.float32]
+
+
 def test_sparse_with_every_row_equals_full():
     B, H, G, M, D, N_ctx = 2, 4, 2, 3, 16, 33
     dev = _device()
@@ -126,6 +168,9 @@ def test_bad_inputs_raise_dustin_error():
         full_verify_attention(q[:, :2], k, k, lens.long())
     with pytest.raises(KernelArgumentError, match="indices"):
         sparse_verify_attention(q[:, :2], k, k, torch.zeros(1, 2, 2, 4, dtype=torch.int32), lens)
+    with pytest.raises(KernelArgumentError, match="cache_lens must be contiguous"):
+        q2, k2 = torch.randn(2, 2, 2, 16), torch.randn(2, 2, 10, 16)
+        full_verify_attention(q2, k2, k2, torch.tensor([5, 0, 5, 0], dtype=torch.int32)[::2])
 
 
 # ---- GPU (bf16), run through the device tool ----
