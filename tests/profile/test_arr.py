@@ -7,12 +7,11 @@ import torch
 from dustin_profile import baselines
 from dustin_profile.calib_arr import arr_exact, arr_grid
 from dustin_profile.search import budget_sweep
-from tests.profile.helpers import cands, random_stats
 
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("budget,sinks,window", [(64, 4, 16), (97, 0, 8), (128, 3, 0), (40, 4, 36)])
-def test_grid_matches_select_indices(ties, budget, sinks, window):
+def test_grid_matches_select_indices(ties, budget, sinks, window, random_stats):
     st = random_stats(lengths=[300, 293, 120, 97, 64, 41], ties=ties, seed=3)
     prim, sec = st.draft.sum(0), st.target[:2].sum(0)
     free = budget - sinks - window
@@ -23,14 +22,14 @@ def test_grid_matches_select_indices(ties, budget, sinks, window):
         torch.testing.assert_close(grid[k], exact, atol=1e-6, rtol=0)
 
 
-def test_grid_with_absent_signals_matches_select_indices():
+def test_grid_with_absent_signals_matches_select_indices(random_stats):
     st = random_stats(seed=5)
     for prim, sec, m in ((None, st.target.sum(0), 0), (st.draft.sum(0), None, 60), (None, None, 0)):
         grid = arr_grid(st, prim, sec, budget=80, sinks=4, window=16, ms=[m])[0]
         torch.testing.assert_close(grid, arr_exact(st, prim, sec, budget=80, sinks=4, window=16, m=m), atol=1e-6, rtol=0)
 
 
-def test_arr_monotone_in_budget_and_one_when_budget_covers_context():
+def test_arr_monotone_in_budget_and_one_when_budget_covers_context(random_stats, cands):
     st = random_stats(seed=1)
     st.quest = None
     prim, sec = st.draft.sum(0), st.target.sum(0)
@@ -53,7 +52,7 @@ def test_arr_monotone_in_budget_and_one_when_budget_covers_context():
     assert curve[-1] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_oracle_bounds_every_shared_set():
+def test_oracle_bounds_every_shared_set(random_stats):
     st = random_stats(seed=2)
     o = baselines.oracle(st, 64)
     for m in (0, 10, 44):
