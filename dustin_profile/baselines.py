@@ -18,8 +18,6 @@ from dustin_runtime.recovery import recovery
 from dustin_runtime.selection import QuestPages, quest_indices
 from dustin_runtime.sparse import QUEST_PAGE
 
-METHODS = ("dustin", "streamingllm", "draft-only", "target-only", "quest", "oracle")
-
 
 def quest_bounds(q: torch.Tensor, k: torch.Tensor, page: int = QUEST_PAGE) -> torch.Tensor:
     """Quest's page bounds [G, ceil(L / page)] of one layer as the runtime computes them

@@ -7,7 +7,7 @@
   k, q written as [B, H, T, D], k and v written straight into the KV cache at per-sequence positions.
   On Hopper it lets the next kernel launch at once (programmatic dependent launch): the sparse
   verification kernel, launched with PDL, may then start beside it; it waits for this grid before
-  reading q and the new tokens (measured neutral at the 72B shape: kernels/NOTES.md, round 3).
+  reading q and the new tokens (measured neutral at the 72B shape, kernels/NOTES.md).
 
 Each has a `_ref` pure-torch twin with the model's reference semantics. Math is float32 inside.
 """
