@@ -312,7 +312,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None) -> dict:
     """Every policy of `cfg` on one pair, one cache; returns the result record."""
     if not torch.cuda.is_available():
         raise DustinError("dustin bench e2e needs a CUDA GPU")
-    from dustin_eval.bench_attention import copy_bandwidth_tbps, environment
+    from dustin_eval.bench_attention import copy_bandwidth_tbps
+    from dustin_runtime.provenance import environment
 
     cfg.check()
     copy = copy_bandwidth_tbps()["tbps"]

@@ -8,39 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 import torch
+from common import graph_us
 from dustin_kernels import full_verify_attention
-
-
-def graph_us(fn, reps=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(7):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times[2:])
 
 
 def copy_tbps():
     x = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    return 2 * x.numel() / graph_us(lambda: y.copy_(x), 5) / 1e6
+    return 2 * x.numel() / graph_us(lambda i: y.copy_(x), 5) / 1e6
 
 
 def main():
@@ -62,12 +40,11 @@ def main():
             for sp in (None, sms // (B * G), 2 * sms // (B * G), 4 * sms // (B * G), 8 * sms // (B * G)):
                 if sp is not None and sp < 1:
                     continue
-                def fn(i=[0], ks=ks, vs=vs, q=q, lens=lens, sp=sp, bn=bn):  # noqa: B006 - the rotation counter
-                    j = i[0] % len(ks)
-                    i[0] += 1
-                    full_verify_attention(q, ks[j], vs[j], lens, num_splits=sp, block_n=bn)
+                def fn(i, ks=ks, vs=vs, q=q, lens=lens, sp=sp, bn=bn):  # call i reads cache i % nbuf
+                    full_verify_attention(q, ks[i % len(ks)], vs[i % len(ks)], lens, num_splits=sp, block_n=bn)
+
                 try:
-                    us = graph_us(fn)
+                    us = graph_us(fn, 20)
                 except Exception as e:  # noqa: BLE001 - a probe reports what fails
                     rows.append({"shape": name, "B": B, "N": N, "M": M, "block_n": bn, "splits": sp, "error": str(e)[:80]})
                     continue

@@ -8,6 +8,7 @@ import os
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from dustin_eval.timing import graph_ms
 from dustin_runtime.attention import TritonAttention
 from dustin_runtime.loader import random_model
 from dustin_runtime.presets import preset
@@ -27,24 +28,7 @@ def main(batch=16, context=32768):
         cache.lengths.fill_(context)
         model(tok, cache, be, phase="draft")
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fwd()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fwd()
-    for _ in range(5):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(20):
-        g.replay()
-    b.record()
-    b.synchronize()
-    ms = a.elapsed_time(b) / 20
+    ms = graph_ms([fwd], replays=20, budget_ms=None, warmup=3)["median_ms"]
     w = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = batch * context * model.cfg.kv_bytes_per_token(2)
     print(f"draft forward graph: {ms:.3f} ms; weights {w / 1e9:.2f} GB, KV {kv / 1e9:.2f} GB; floor at 4.26 TB/s "

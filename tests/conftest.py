@@ -1,6 +1,11 @@
-"""Test setup: the Triton interpreter on machines without a GPU, and the `gpu` marker."""
+"""Test setup: the Triton interpreter on machines without a GPU, the `gpu` marker, and the
+fixtures shared across test folders (tiny random checkpoints, the real SmolLM2, ../shared, the
+`dustin` command in a subprocess). Tests take these as fixtures; no test imports another."""
 
 import os
+import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dustin/cli.py: set before torch loads OpenMP
 
@@ -9,6 +14,8 @@ import torch  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -86,6 +93,18 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(name="make_tiny_hf", scope="session")
+def make_tiny_hf_fixture():
+    """`make_tiny_hf(kind, folder, seed=0, **overrides)`: save a tiny random checkpoint to folder."""
+    return make_tiny_hf
+
+
+@pytest.fixture(params=sorted(TINY))
+def tiny_kind(request):
+    """Each tiny configuration of `TINY` in turn (llama3, mistral, qwen2, qwen2-yarn, qwen3)."""
+    return request.param
+
+
 @pytest.fixture
 def tiny_hf(tmp_path):
     """Factory: tiny_hf(kind, **overrides) -> (folder, hf_model)."""
@@ -95,6 +114,55 @@ def tiny_hf(tmp_path):
         return folder, make_tiny_hf(kind, folder, seed, **overrides)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_with_tokenizer(shared_dir):
+    """Factory: tiny_with_tokenizer(folder, family, **overrides) -> folder: a tiny random checkpoint
+    with the real Llama-3 ("llama3") or Qwen3 ("qwen3") tokenizer from ../shared."""
+
+    def make(folder, family: str, **overrides):
+        vocab = {"llama3": 128256, "qwen3": 151669}[family]
+        kind = "llama3" if family == "llama3" else "qwen2"
+        make_tiny_hf(kind, folder, vocab_size=vocab, hidden_size=32, num_attention_heads=4,
+                     num_key_value_heads=2, tie_word_embeddings=True, **overrides)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(shared_dir / "tokenizers" / family / f, folder / f)
+        return folder
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """run_cli(*args, ok=False, timeout=600): `python -m dustin.cli *args` in a subprocess (one
+    intra-op thread); ok=True asserts exit code 0."""
+
+    def run(*args, ok: bool = False, timeout: int = 600):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        p = subprocess.run([sys.executable, "-m", "dustin.cli", *map(str, args)], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        if ok:
+            assert p.returncode == 0, p.stderr
+        return p
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def assert_one_line_error():
+    """assert_one_line_error(p, *needles): a non-zero exit, no traceback, one stderr line holding
+    every needle."""
+
+    def check(p, *needles):
+        assert p.returncode != 0
+        assert "Traceback" not in p.stderr + p.stdout
+        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1, p.stderr
+        for n in needles:
+            assert n in lines[0], lines[0]
+
+    return check
 
 
 @pytest.fixture(scope="session")
@@ -110,12 +178,38 @@ def smollm2():
     return model, ckpt
 
 
-SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def _shared(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared is not checked out beside the repo)")
+    return path
 
 
 @pytest.fixture(scope="session")
 def shared_dir():
     """../shared (read-only data); skips when absent."""
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent")
-    return SHARED
+    return _shared()
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir():
+    return _shared("tokenizers", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir():
+    return _shared("tokenizers", "llama3")
+
+
+@pytest.fixture(scope="session")
+def multi_news_jsonl():
+    """LongBench's multi_news.jsonl (200 samples)."""
+    return _shared("longbench", "multi_news.jsonl")
+
+
+@pytest.fixture(scope="session")
+def gutenberg_eval_dir():
+    return _shared("corpus", "gutenberg", "eval")

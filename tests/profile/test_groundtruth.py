@@ -6,14 +6,13 @@ import torch
 from dustin_profile.groundtruth import record_window
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
-from tests.conftest import make_tiny_hf
 
 GAMMA = 3
 M = GAMMA + 1
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def pair(tmp_path_factory, make_tiny_hf):
     root = tmp_path_factory.mktemp("gt")
     hf_t = make_tiny_hf("llama3", root / "t", seed=1)
     hf_d = make_tiny_hf("qwen3", root / "d", seed=2, num_hidden_layers=1)

@@ -4,7 +4,6 @@ import torch
 
 from dustin_profile.calib_arr import CalibStats
 from dustin_profile.search import SearchConfig, greedy_search, m_grid
-from tests.profile.helpers import cands, random_stats
 
 
 def planted(seed=0, P=8, N=400, cd=3, ct=6, good_d=1, good_t=3):
@@ -26,7 +25,7 @@ def planted(seed=0, P=8, N=400, cd=3, ct=6, good_d=1, good_t=3):
     return CalibStats(lengths, attn / attn.sum(1, keepdim=True), draft, target)  # A sums to 1 over the context
 
 
-def test_search_finds_planted_heads_and_split():
+def test_search_finds_planted_heads_and_split(cands):
     st = planted()
     cs = cands(3, 6)
     res = greedy_search(st, cs, SearchConfig(budget=80, sinks=4, window=16, max_heads=6, epsilon=1e-3))
@@ -38,7 +37,7 @@ def test_search_finds_planted_heads_and_split():
     assert len(res.rounds[1].evaluations) == 9 and len(res.rounds[2].evaluations) == 8
 
 
-def test_search_deterministic_and_ties_to_first_candidate():
+def test_search_deterministic_and_ties_to_first_candidate(random_stats, cands):
     st = random_stats(seed=4, cd=3, ct=4)
     cfg = SearchConfig(budget=64, sinks=4, window=16, max_heads=4, epsilon=0.0)
     a = greedy_search(st, cands(3, 4), cfg)
@@ -52,7 +51,7 @@ def test_search_deterministic_and_ties_to_first_candidate():
     assert c.stop == "max_heads"
 
 
-def test_search_stops_at_head_limit():
+def test_search_stops_at_head_limit(cands):
     st = planted()
     res = greedy_search(st, cands(3, 6), SearchConfig(budget=80, sinks=4, window=16, max_heads=1, epsilon=0.0))
     assert len(res.chosen) == 1 and res.stop == "max_heads"

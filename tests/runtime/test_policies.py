@@ -35,9 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tests.conftest import make_tiny_hf
-
+def pair(tmp_path_factory, make_tiny_hf):
     folder = tmp_path_factory.mktemp("pol") / "t"
     make_tiny_hf("llama3", folder, seed=11)
     target, _ = load_model(str(folder))
@@ -197,13 +195,11 @@ def test_triton_kernels_path_equals_reference_path(pair, policy):
         assert torch.equal(la, lb) and torch.equal(ia, ib)
 
 
-def test_arr_orders_oracle_dustin_streamingllm(tmp_path):
+def test_arr_orders_oracle_dustin_streamingllm(tmp_path, make_tiny_hf):
     """Constructed case: every query of the target is one constant vector (q weights zeroed, a q
     bias on the slowest RoPE pair, RoPE almost still), so attention follows key content, not
     position, and concentrates on a few tokens anywhere in the context. History and lookahead
     signals find them; a recent window does not."""
-    from tests.conftest import make_tiny_hf
-
     folder = tmp_path / "q"
     make_tiny_hf("qwen2", folder, seed=5, rope_theta=1e9)
     target, _ = load_model(str(folder))
