@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -230,26 +229,20 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
 @torch.inference_mode()
 def time_phases(eng: Engine, reps: int) -> dict[str, float]:
     """Median ms of each captured phase graph of the engine's last loop, replayed alone (the
-    lengths and bookkeeping a step changes are restored before every replay)."""
+    lengths and bookkeeping a step changes are restored, untimed, before every replay)."""
+    from dustin_eval.timing import events_ms
+
     st = eng.last
     if st is None or not st.graphs.captured:
         return {}
     saved = [t.clone() for t in st.mutable]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = {}
-    for name, graph in st.graphs.graphs.items():
-        times = []
-        for _ in range(reps + 3):
-            for t, s in zip(st.mutable, saved, strict=True):
-                t.copy_(s)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        out[name] = statistics.median(times[3:])
-    for t, s in zip(st.mutable, saved, strict=True):
-        t.copy_(s)
+
+    def restore():
+        for t, s in zip(st.mutable, saved, strict=True):
+            t.copy_(s)
+
+    out = {name: events_ms(graph.replay, reps, setup=restore)["median_ms"] for name, graph in st.graphs.graphs.items()}
+    restore()
     return out
 
 

@@ -28,13 +28,17 @@ def _summary(times: list[float]) -> dict:
     return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1]}
 
 
-def events_ms(fn: Callable[[], object], reps: int, warmup: int = 0) -> dict:
-    """Median, min and max milliseconds of `reps` calls of fn, each between two CUDA events."""
+def events_ms(fn: Callable[[], object], reps: int, warmup: int = 0,
+              setup: Callable[[], object] | None = None) -> dict:
+    """Median, min and max milliseconds of `reps` calls of fn, each between two CUDA events
+    (`setup`, untimed, runs before each call: e.g. restoring the state a call changes)."""
     if warmup:
         warm_up([fn], warmup)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
+        if setup is not None:
+            setup()
         start.record()
         fn()
         end.record()

@@ -62,11 +62,13 @@ class Recorder(AttentionBackend):
     budget."""
 
     def __init__(self, base: AttentionBackend, num_layers: int, capture: list[int] = (),
-                 quest_budgets: tuple[int, ...] = (), page: int = PAGE):
+                 quest_budgets: tuple[int, ...] = (), page: int = PAGE, quest_sinks: int = 0,
+                 quest_window: int = 0):
         self.base = base
         self.capture = sorted(capture)
         self.slot = {p: i for i, p in enumerate(self.capture)}
         self.quest_budgets = tuple(quest_budgets)
+        self.quest_sinks, self.quest_window = quest_sinks, quest_window
         self.page = page
         self.q_capture: list[torch.Tensor | None] = [None] * num_layers  # [H, K, D] each
         self.reset_steps()
@@ -112,7 +114,8 @@ class Recorder(AttentionBackend):
         self.layer_attn[layer] = context_attention(p.reshape(-1, L + M), L)[:L]
         if self.quest_budgets:
             share = p[..., :L] / p[..., :L].sum(-1, keepdim=True)  # [G, r, M, L]: each query's context share
-            self.quest[layer] = quest_masses(qf, k[:, :L], share, self.quest_budgets, self.page).cpu()
+            self.quest[layer] = quest_masses(qf, k[:, :L], share, self.quest_budgets, self.page,
+                                             sinks=self.quest_sinks, window=self.quest_window).cpu()
         return out.to(q.dtype)
 
 
@@ -138,13 +141,16 @@ def record_window(
     verify_tokens: str = "draft",
     prefill_chunk: int = 2048,
     draft_set: tuple[int, int, int] | None = None,
+    sinks: int = 0,
+    window: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Record one window (see the module docstring). Returns CPU tensors, P = len(positions),
     N = max(positions), padded with zeros past each pass's L:
     lengths [P]; attn [P, N] (A of `recovery.context_attention`: mean over target layers, heads,
     queries); layer_attn [P, Lt, N] fp16; quest [P, Lt, len(quest_budgets)];
     draft [Cd, P, N] and target [Ct, P, N] candidate signals (by layer, then KV head);
-    drafted [P, gamma]; accepted [P] (drafts the target's greedy choice accepts)."""
+    drafted [P, gamma]; accepted [P] (drafts the target's greedy choice accepts). `sinks` and
+    `window` are those of the Quest sets (the profile's)."""
     if verify_tokens not in ("draft", "text"):
         raise DustinError(f"verify tokens must be 'draft' or 'text', not {verify_tokens!r}")
     M = gamma + 1
@@ -157,7 +163,8 @@ def record_window(
     tokens = list(tokens)
     # target: prefill, keeping the history queries [L - M, L) of every position
     capture = sorted({p - M + j for p in order for j in range(M)})
-    trec = Recorder(default_backend(device), target.cfg.num_layers, capture, quest_budgets)
+    trec = Recorder(default_backend(device), target.cfg.num_layers, capture, quest_budgets, quest_sinks=sinks,
+                    quest_window=window)
     tcache = target.allocate_cache(1, N + M)
     _prefill(target, tcache, tokens[:N], trec, prefill_chunk)
     slots = torch.tensor([[trec.slot[p - M + j] for j in range(M)] for p in order], device=device)  # [P, M]
