@@ -33,13 +33,12 @@ lint: .stamp-install
 bench-decode: .stamp-install
 	$(PY) -m dustin.cli bench decode --config qwen2.5-7b --random-weights --batch 16 --context 32768 --hf-baseline
 
-# Issue 3: attention kernels vs copy bandwidth and SDPA (the headline run, with its config grid, last)
+# Attention kernels vs copy bandwidth and SDPA, one JSON per shape x context x batch (S = 512)
 bench-attention: .stamp-install
 	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b,qwen2.5-7b --context 8192,16384,32768,65536 --batch 1,16,32
-	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b --context 32768 --batch 16 --budget 512 --variants
 
 
-# Acceptance of every verification policy at S = 128..1024 (issue 4), SmolLM2-135M + the trained
+# Acceptance of every verification policy at S = 128..1024, SmolLM2-135M + the trained
 # draft, 4 Gutenberg eval windows at 4k and at 8k (8128 prompt tokens: the models' 8192 positions
 # hold 64 new tokens), CPU; writes results/acceptance/smollm2-draft.{json,md,runs.jsonl}.
 .PHONY: repro-acceptance
@@ -48,7 +47,7 @@ repro-acceptance: .stamp-install
 		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
 		--gamma 4 --budgets 128,256,512,1024 --threads 1 --name smollm2-draft
 
-# SmolLM2 draft (issue 6): tokenise the Gutenberg train split on CPU, distil the draft from the
+# SmolLM2 draft: tokenise the Gutenberg train split on CPU, distil the draft from the
 # SmolLM2-135M GGUF on a local CUDA GPU (hyper-parameters as used for models/smollm2-draft),
 # then export the folder and results/draft. TRAIN_S is the wall-clock optimisation budget.
 TRAIN_S ?= 330
@@ -65,7 +64,7 @@ draft:
 	cd scripts/draft && ../../$(PY) export.py --run ../../runs/draft --model ../../models/smollm2-draft \
 		--results ../../results/draft
 
-# Offline profile (issue 5): Algorithm 1 for SmolLM2-135M + models/smollm2-draft over 4 windows of
+# Offline profile: Algorithm 1 for SmolLM2-135M + models/smollm2-draft over 4 windows of
 # 4k tokens of the Gutenberg calibration split, on CPU (minutes). Writes profiles/smollm2-draft.json
 # with its parquet tables and PNG plots beside it; an interrupted run resumes from
 # profiles/smollm2-draft.work/ (not committed).

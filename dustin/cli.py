@@ -194,6 +194,68 @@ def bench_decode(
     console.print(f"wrote {path}")
 
 
+@bench_app.command("e2e")
+def bench_e2e(
+    target: str = typer.Option("qwen2.5-7b", help="Target: a preset shape (random weights, replayed acceptance) "
+                                                 "or a checkpoint (real acceptance)."),
+    draft: str | None = typer.Option(None, help="Draft: a preset shape or checkpoint (default: the preset's usual draft)."),
+    batch: str = typer.Option("16", help="Batch size(s), comma-separated (zipped with --context)."),
+    context: str = typer.Option("32768", help="Context length(s), comma-separated."),
+    gamma: Gamma = 4,
+    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse policies."),
+    policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest", "dustin-vs")),
+                                 help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
+                                      "streamingllm, quest; -vs: drafting over the verification set "
+                                      "(dustin-vs, streamingllm-vs); comma-separated."),
+    acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
+                                                         "`dustin decode --json` records."),
+    new_tokens: NewTokens = 64,
+    srh: int = typer.Option(4, min=0, max=MAX_COUNT, help="Target retrieval KV heads of dustin (over 2 layers)."),
+    draft_srh: int = typer.Option(2, min=0, max=MAX_COUNT,
+                                  help="Draft retrieval KV heads of dustin (its lookahead signal)."),
+    m: int = typer.Option(112, min=0, max=MAX_TOKENS, help="Rows chosen by the draft's lookahead (0: target "
+                                                           "history only)."),
+    alphas: str = typer.Option("0.5,0.6,0.7,0.8,0.9", help="Alpha sweep for the plot ('' to skip)."),
+    out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>.json."),
+) -> None:
+    """The decoding loop users run (CUDA graphs), end to end per policy, beside vanilla and standard
+    speculative decoding in the same process: ms per step, tokens/s, phases, floors, speedups."""
+    from rich.table import Table
+
+    from dustin_eval import bench_e2e as be
+
+    bs, cs = _ints(batch, "--batch", maximum=MAX_COUNT), _ints(context, "--context")
+    try:
+        al = tuple(float(x) for x in alphas.split(",") if x.strip())
+    except ValueError:
+        raise DustinError(f"--alphas {alphas!r}: expected comma-separated numbers") from None
+    if len(bs) != len(cs) and 1 not in (len(bs), len(cs)):
+        raise DustinError("--batch and --context: give lists of one length (zipped) or one value")
+    n = max(len(bs), len(cs))
+    pairs = list(zip(bs * n if len(bs) == 1 else bs, cs * n if len(cs) == 1 else cs, strict=True))
+    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    command = "dustin " + " ".join(sys.argv[1:])
+    for b, c in pairs:
+        cfg = be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
+                           policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh,
+                           draft_srh=draft_srh, m=m, alphas=al)
+        res = be.run_e2e(cfg, command, on_record=lambda r: console.print(
+            f"{r['policy']:>12}: {r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.0f} tok/s "
+            f"(graph phases {r['graph_phase_sum_ms']:.2f} ms)", highlight=False))
+        path = be.write_result(res, out_dir)
+        t = Table(title=f"{res['models']['target']} + {res['models']['draft']}, batch {b}, context {c}, "
+                        f"gamma {gamma}, S {budget}, acceptance {acceptance} ({res['environment']['gpu']})")
+        for col in ("policy", "ms/step", "graph sum", "byte floor", "tok/s", "accepted", "vs ar", "vs full"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for r in res["records"]:
+            s = res["summary"][r["policy"]]
+            t.add_row(r["policy"], f"{r['ms_per_step']:.2f}", f"{r['graph_phase_sum_ms']:.2f}",
+                      f"{r['byte_floor_ms']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['mean_accepted']:.2f}",
+                      f"{s.get('speedup_vs_ar', float('nan')):.2f}x", f"{s.get('speedup_vs_full', float('nan')):.2f}x")
+        console.print(t)
+        console.print(f"wrote {path}")
+
+
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
@@ -318,6 +380,9 @@ def decode(
     window: Window = None,
     all_heads: AllHeads = False,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
+    cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
+                                     help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
+                                          "run eagerly)."),
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
     from dustin_eval.plan import plan_sparse
@@ -336,7 +401,8 @@ def decode(
 
         hooks = make_policy(policy, plan.config(tgt, drf), target=tgt.model, draft=drf.model, measure_arr=measure_arr)
     with console.status("decoding", spinner="dots"):
-        out = pipeline.decode(tgt, drf, prompts, gamma=gamma, chat=chat, seed=seed, hooks=hooks, sampling=sampling)
+        out = pipeline.decode(tgt, drf, prompts, gamma=gamma, chat=chat, seed=seed, hooks=hooks, sampling=sampling,
+                              cuda_graphs=cuda_graphs)
     _print_decode(out)
     if json_out:
         print(json.dumps(out.record()))
@@ -432,7 +498,9 @@ def _print_decode(out) -> None:
             t.add_row(f"{phase} s", f"{s.seconds[phase]:.3f}")
     t.add_row("new tokens", str(sum(s.new_tokens)))
     t.add_row("steps", str(s.steps))
+    t.add_row("ms per step", f"{s.ms_per_step:.2f}")
     t.add_row("decode tokens/s", f"{s.tokens_per_s:.2f}")
+    t.add_row("CUDA graphs", "yes" if s.cuda_graphs else "no")
     if s.mode == "speculative":
         t.add_row("mean accepted / step", f"{s.mean_accepted:.3f}")
         t.add_row("mean tokens / step", f"{s.mean_accepted + 1:.3f}")
@@ -563,7 +631,8 @@ def eval_passkey(
 
 @eval_app.command("longbench")
 def eval_longbench(
-    data: Path = typer.Option(..., help="Folder of LongBench v1 <dataset>.jsonl files."),
+    data: str = typer.Option(..., help="LongBench v1: a folder of <dataset>.jsonl files, a Hugging Face datasets "
+                                       "cache folder holding THUDM/LongBench, or that id in the default cache."),
     datasets: str | None = typer.Option(None, help="Datasets, comma-separated (default: those present of the 16 English)."),
     target: Target = "smollm2",
     draft: Draft = "models/smollm2-draft",
@@ -585,14 +654,14 @@ def eval_longbench(
     """LongBench (v1, English subsets): reference prompts, truncation and metrics, greedy decoding
     through each verification policy."""
     from dustin_eval.longbench_config import DATASETS
+    from dustin_eval.longbench_data import available_datasets
     from dustin_eval.longbench_runner import RunMeta, run_longbench, summarize_predictions
     from dustin_eval.runtime_generator import RuntimeGenerator
     from dustin_runtime.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
     plans = _plan(policy, budget, profile, sinks, window, all_heads)
-    if not data.is_dir():
-        raise DustinError(f"{data}: no such folder")
+    present = available_datasets(data)  # refuses a source that is neither a folder nor a dataset id
     if datasets:
         names = _names(datasets)
         unknown = [d for d in names if d not in DATASETS]
@@ -600,9 +669,9 @@ def eval_longbench(
             raise DustinError(f"unknown LongBench dataset(s) {', '.join(unknown) or repr(datasets)}; "
                               f"known: {', '.join(DATASETS)}")
     else:
-        names = [d for d in DATASETS if (data / f"{d}.jsonl").is_file()]
+        names = present
         if not names:
-            raise DustinError(f"{data}: none of the 16 English LongBench files (<dataset>.jsonl) is there")
+            raise DustinError(f"{data}: none of the 16 English LongBench datasets is there")
     with FolderLock(out_dir):
         tgt, drf = _load_pair(target, draft, dtype, device)
         make, key = _bind(plans, tgt, drf, measure_arr=False)

@@ -14,22 +14,19 @@ GPU-only imports stay inside the functions, so CPU code may import this module.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import platform
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
-from dustin_eval.results import git_commit
+from dustin_eval.timing import do_bench_ms, graph_ms
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
+from dustin_runtime.presets import preset
+from dustin_runtime.provenance import environment
 
 SCHEMA_VERSION = 1
 
@@ -45,17 +42,10 @@ class AttnShape:
     layers: int
 
 
-SHAPES = {
-    s.name: s
-    for s in (
-        AttnShape("qwen2.5-72b", 64, 8, 128, 80),
-        AttnShape("qwen2.5-7b", 28, 4, 128, 28),
-        AttnShape("llama-3-70b", 64, 8, 128, 80),
-        AttnShape("llama-3-8b", 32, 8, 128, 32),
-        AttnShape("qwen2.5-0.5b", 14, 2, 64, 24),
-        AttnShape("smollm2-135m", 9, 3, 64, 30),
-    )
-}
+def attention_shape(name: str) -> AttnShape:
+    """The attention shape of a named model shape of `dustin_runtime.presets` (aliases accepted)."""
+    c = preset(name)
+    return AttnShape(name, c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers)
 
 
 @dataclass(frozen=True)
@@ -72,7 +62,6 @@ class BenchConfig:
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
-    variants: bool = False  # also time a grid of kernel configurations
 
 
 def parse_list(text: str, kind=int) -> list:
@@ -83,50 +72,15 @@ def parse_list(text: str, kind=int) -> list:
         raise DustinError(f"bad list {text!r}: {e}") from None
 
 
-# ---------------------------------------------------------------- timing
-
-
-def graph_ms(calls: list[Callable[[], object]], replays: int = 15, budget_ms: float = 300.0) -> dict:
-    """Per-call time of `calls` captured back to back in one CUDA graph (median over replays,
-    fewer replays, at least 3, when one replay is long)."""
-    for c in calls:  # warm-up: compile, allocate counters, load modules
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    replays = max(3, min(replays, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
-    del graph
-    times.sort()
-    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1], "calls_per_graph": len(calls),
-            "replays": replays}
-
-
-def _do_bench_ms(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def _record(kernel: str, calls: list, bytes_: int, copy_tbps: float, *, graph: bool = True, **extra) -> dict:
+def record(kernel: str, calls: list[Callable[[], object]], bytes_: int, copy_tbps: float, *, graph: bool = True,
+           **extra) -> dict:
+    """One kernel's record: per-call graph time of `calls` (`timing.graph_ms`), `do_bench` time of
+    one call, TB/s of `bytes_` and its share of the copy bandwidth; or the error that stopped it."""
     rec = {"kernel": kernel, "bytes": int(bytes_)}
     try:
         if graph:
             rec.update(graph_ms(calls))
-        rec["do_bench_ms"] = _do_bench_ms(calls[0])
+        rec["do_bench_ms"] = do_bench_ms(calls[0])
         if not graph:
             rec["median_ms"] = rec["do_bench_ms"]
         rec["tbps"] = bytes_ / (rec["median_ms"] * 1e-3) / 1e12
@@ -142,34 +96,9 @@ def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> dict:
     """Device-to-device copy of nbytes: bytes read + written over the median time."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = _do_bench_ms(lambda: dst.copy_(src))
+    ms = do_bench_ms(lambda: dst.copy_(src))
     tbps = 2 * nbytes / (ms * 1e-3) / 1e12
     return {"kernel": "copy", "bytes": 2 * nbytes, "median_ms": ms, "do_bench_ms": ms, "tbps": tbps, "bandwidth_fraction": 1.0}
-
-
-# ---------------------------------------------------------------- environment
-
-
-def environment(command: str) -> dict:
-    import triton
-
-    commit = git_commit()
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": getattr(props, "L2_cache_size", None),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "git_commit": commit,
-        "command": command,
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-# ---------------------------------------------------------------- the benchmark
 
 
 def verify_buffers(B: int, H: int, G: int, D: int, N: int, M: int, n_buf: int, dt, dev) -> tuple:
@@ -188,7 +117,7 @@ def random_index_sets(B: int, N: int, S: int, n: int, dev) -> list[torch.Tensor]
             for _ in range(n)]
 
 
-def _n_calls(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
+def calls_per_graph(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
     """Enough calls per graph that the data they touch is 4x the L2."""
     return max(lo, min(hi, math.ceil(4 * l2 / max(1, bytes_per_call))))
 
@@ -214,8 +143,8 @@ def _sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free) -> list
                 F.scaled_dot_product_attention(qs[0], ks[0], vs[0], enable_gqa=True)
             torch.cuda.synchronize()
             calls = [lambda i=i: call(i) for i in range(len(ks))]
-            recs.append(_record(name, calls, full_bytes, copy_tbps, graph=name != "sdpa_math", gqa="enable_gqa",
-                                mask="none (cost baseline)"))
+            recs.append(record(name, calls, full_bytes, copy_tbps, graph=name != "sdpa_math", gqa="enable_gqa",
+                               mask="none (cost baseline)"))
             continue
         except Exception as e:  # noqa: BLE001 - the backend refuses enable_gqa: try expanded K/V
             gqa_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
@@ -226,9 +155,9 @@ def _sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free) -> list
             continue
         kx = ks[0].repeat_interleave(rep, dim=1) if rep > 1 else ks[0]
         vx = vs[0].repeat_interleave(rep, dim=1) if rep > 1 else vs[0]
-        rec = _record(name, [lambda kx=kx, vx=vx, b=backend: call(0, b, False, kx, vx)], full_bytes, copy_tbps,
-                      graph=True, gqa="expanded K/V (reads H/G times the bytes)", mask="none (cost baseline)",
-                      gqa_error=gqa_error)
+        rec = record(name, [lambda kx=kx, vx=vx, b=backend: call(0, b, False, kx, vx)], full_bytes, copy_tbps,
+                     graph=True, gqa="expanded K/V (reads H/G times the bytes)", mask="none (cost baseline)",
+                     gqa_error=gqa_error)
         recs.append(rec)
         del kx, vx
         torch.cuda.empty_cache()
@@ -247,11 +176,9 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     )
     from dustin_kernels.checks import rel_err
 
+    shp = attention_shape(cfg.shape)
     if not torch.cuda.is_available():
         raise DustinError("dustin bench attention needs a CUDA GPU")
-    if cfg.shape not in SHAPES:
-        raise DustinError(f"unknown shape {cfg.shape!r}; known: {', '.join(SHAPES)}")
-    shp = SHAPES[cfg.shape]
     B, H, G, D, M, S = cfg.batch, shp.heads, shp.kv_heads, shp.head_dim, cfg.gamma + 1, cfg.budget
     N = cfg.context
     n_max = N + M  # the runtime writes the M new tokens' K/V into the cache first
@@ -267,38 +194,28 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
     layer_bytes = 2 * B * G * n_max * D * dt.itemsize
     n_buf = max(1, min(12, int(cfg.mem_budget_gb * 1e9 // layer_bytes)))
-    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
+    ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, n_buf, dt, dev)
     q_bytes = B * H * M * D * dt.itemsize
     full_bytes = layer_bytes + 2 * q_bytes  # K/V of context + new tokens, q in, out
-    n_full = _n_calls(layer_bytes, l2)
-    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    outs = [torch.empty(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-
-    def full_calls(**kw):
-        return [lambda i=i % n_buf: full_verify_attention(qs[i], ks[i], vs[i], lens, out=outs[i], **kw)
-                for i in range(n_full)]
-
-    records = [copy]
-    records.append(_record("full_verify_attention", full_calls(), full_bytes, copy_tbps, n_distinct_buffers=n_buf))
+    full_calls = [lambda i=i % n_buf: full_verify_attention(qs[i], ks[i], vs[i], lens, out=outs[i])
+                  for i in range(calls_per_graph(layer_bytes, l2))]
+    records = [copy, record("full_verify_attention", full_calls, full_bytes, copy_tbps, n_distinct_buffers=n_buf)]
 
     # sparse: a distinct random index set per call (sorted, as select_indices returns them)
     sel_bytes = 2 * B * G * (min(S, N) + M) * D * dt.itemsize
     sparse_bytes = sel_bytes + 2 * q_bytes + B * S * 4
-    n_sparse = _n_calls(sel_bytes, l2)
+    n_sparse = calls_per_graph(sel_bytes, l2)
     idx = random_index_sets(B, N, min(S, N), n_sparse, dev)
     idx_g = [torch.sort(torch.rand(B, G, N, device=dev).topk(min(S, N), dim=2).indices, dim=2).values.to(torch.int32)
              for _ in range(min(n_sparse, 64))]
 
-    def sparse_calls(per_head=False, **kw):
-        sets = idx_g if per_head else idx
+    def sparse_calls(sets):
         return [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], sets[i % len(sets)],
-                                                    lens, out=outs[i % n_buf], **kw) for i in range(n_sparse)]
+                                                    lens, out=outs[i % n_buf]) for i in range(n_sparse)]
 
-    records.append(_record("sparse_verify_attention", sparse_calls(), sparse_bytes, copy_tbps, index_form="[B, S]"))
-    records.append(_record("sparse_verify_attention_per_head", sparse_calls(True), sparse_bytes, copy_tbps,
-                           index_form="[B, G, S]"))
+    records.append(record("sparse_verify_attention", sparse_calls(idx), sparse_bytes, copy_tbps, index_form="[B, S]"))
+    records.append(record("sparse_verify_attention_per_head", sparse_calls(idx_g), sparse_bytes, copy_tbps,
+                          index_form="[B, G, S]"))
 
     # correctness gate on buffer 0 (bf16 vs fp32 reference)
     check = {
@@ -316,8 +233,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     q_srh = [torch.randn(B, hs, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
     score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
     srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4  # keys once (the kernel reads them twice) + out
-    n_srh = _n_calls(srh_bytes, l2, lo=12, hi=64)
-    records.append(_record(
+    n_srh = calls_per_graph(srh_bytes, l2, lo=12, hi=64)
+    records.append(record(
         "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens, out=score_out[i % 4])
                        for i in range(n_srh)],
         srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M,
@@ -327,11 +244,11 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     sec = [torch.rand(B, n_max, device=dev) for _ in range(8)]
     sel_out = [torch.empty(B, S, dtype=torch.int32, device=dev) for _ in range(8)]
     sel_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=cfg.m)
-    records.append(_record(
+    records.append(record(
         "select_indices", [lambda i=i: select_indices(prim[i % 8], sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
                            for i in range(24)],
         2 * B * n_max * 4 + B * S * 4, copy_tbps, note="scores are L2-resident in a decode step too"))
-    records.append(_record(
+    records.append(record(
         "torch_topk", [lambda i=i: torch.topk(prim[i % 8], S, dim=1) for i in range(24)],
         B * n_max * 4, copy_tbps, note="one top-k only, unsorted indices; select does two plus the merge"))
 
@@ -343,15 +260,13 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         select_indices(o, sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
 
     n_est = max(6, n_srh // 2)
-    records.append(_record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
-                           cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
-                           note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
+    records.append(record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
+                          cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
+                          note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
 
     if cfg.sdpa:
         mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
         records.extend(_sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free))
-
-    variants = _variants(cfg, full_calls, sparse_calls, full_bytes, sparse_bytes, copy_tbps) if cfg.variants else []
 
     rec_by = {r["kernel"]: r for r in records if "median_ms" in r}
     full_kernels = [r for r in rec_by.values() if r["kernel"] == "full_verify_attention" or r["kernel"].startswith("sdpa_")]
@@ -386,22 +301,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
                    "median of one call after an L2 flush, host launch overhead included"),
         "check": check,
         "records": records,
-        "variants": variants,
         "summary": summary,
     }
-
-
-def _variants(cfg, full_calls, sparse_calls, full_bytes, sparse_bytes, copy_tbps) -> list[dict]:
-    """A grid of kernel configurations (split count, rows per block, warps, stages)."""
-    out = []
-    for splits, bn, nw, ns in ((None, None, None, None), (1, 128, 4, 3), (1, 128, 4, 2), (1, 64, 4, 5), (1, 64, 4, 6),
-                               (2, 64, 4, 4), (2, 32, 4, 6), (4, 32, 4, 4)):
-        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns)
-        out.append(_record("sparse_verify_attention", sparse_calls(**kw), sparse_bytes, copy_tbps, **kw))
-    for splits, bn, nw, ns in ((5, 32, 4, 4), (6, 32, 4, 4), (7, 32, 4, 4), (6, 32, 4, 5), (6, 64, 4, 3)):
-        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns)
-        out.append(_record("full_verify_attention", full_calls(**kw), full_bytes, copy_tbps, **kw))
-    return out
 
 
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
@@ -421,311 +322,3 @@ def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result
             on_result(res)
         torch.cuda.empty_cache()
     return results
-
-
-# ---------------------------------------------------------------- probes (tuning aid, not the benchmark)
-
-
-@triton.jit
-def gather_copy(K, V, IDX, KO, VO, S, skb, skg, skn, sob, sog, son, G: tl.constexpr, D: tl.constexpr,
-                BLOCK: tl.constexpr):
-    s0 = tl.program_id(0) * BLOCK
-    g = tl.program_id(1)
-    b = tl.program_id(2)
-    r = s0 + tl.arange(0, BLOCK)
-    rd = tl.arange(0, D)
-    rows = tl.load(IDX + b * S + r, mask=r < S, other=0)
-    base = b.to(tl.int64) * skb + g.to(tl.int64) * skg
-    obase = b.to(tl.int64) * sob + g.to(tl.int64) * sog
-    m = (r < S)[:, None]
-    k = tl.load(K + base + rows[:, None] * skn + rd[None, :], mask=m)
-    v = tl.load(V + base + rows[:, None] * skn + rd[None, :], mask=m)
-    tl.store(KO + obase + r[:, None] * son + rd[None, :], k, mask=m)
-    tl.store(VO + obase + r[:, None] * son + rd[None, :], v, mask=m)
-
-
-
-def probe_sparse(shape: str = "qwen2.5-72b", context: int = 32768, batch: int = 16, budget: int = 512) -> dict:
-    """Where the sparse kernel's time goes: a pure gather copy of the same rows, the kernel against
-    the budget (intercept = fixed cost), contiguous vs random rows, and a grid of configurations."""
-    from dustin_kernels import full_verify_attention, sparse_verify_attention
-
-    shp = SHAPES[shape]
-    B, H, G, D, M, N = batch, shp.heads, shp.kv_heads, shp.head_dim, 5, context
-    n_max, dt, dev = N + M, torch.bfloat16, "cuda"
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copy_tbps = copy_bandwidth_tbps()["tbps"]
-    n_buf = max(1, min(12, int(48e9 // (2 * B * G * n_max * D * 2))))
-    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    vs = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    qs = [torch.randn(B, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
-    out = torch.empty(B, H, M, D, dtype=dt, device=dev)
-    recs = []
-
-    def sets(S, contiguous=False, n=64):
-        if contiguous:
-            return [torch.arange(S, dtype=torch.int32, device=dev).repeat(B, 1) + 0 for _ in range(n)]
-        return random_index_sets(B, N, S, n, dev)
-
-    def sparse_rec(name, S, idx, **kw):
-        sel = 2 * B * G * (S + M) * D * 2
-        n = _n_calls(sel, l2)
-        calls = [lambda i=i: sparse_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)],
-                                                     lens, out=out, **kw) for i in range(n)]
-        return _record(name, calls, sel + 2 * B * H * M * D * 2 + B * S * 4, copy_tbps, budget=S, **kw)
-
-    idx512 = sets(budget)
-    ko = torch.empty(B, G, budget, D, dtype=dt, device=dev)
-    vo = torch.empty_like(ko)
-    for contiguous in (False, True):
-        idx = sets(budget, contiguous) if contiguous else idx512
-        for block in (32, 64):
-            calls = [lambda i=i, idx=idx, block=block: gather_copy[(triton.cdiv(budget, block), G, B)](
-                ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)], ko, vo, budget, *ks[0].stride()[:3], *ko.stride()[:3],
-                G=G, D=D, BLOCK=block) for i in range(_n_calls(2 * B * G * budget * D * 2, l2))]
-            recs.append(_record("gather_copy", calls, 4 * B * G * budget * D * 2, copy_tbps, block=block,
-                                contiguous=contiguous, note="bytes = rows read + written"))
-    for S in (64, 128, 256, 1024, 2048):
-        recs.append(sparse_rec("sparse_vs_budget", S, sets(S, n=16)))
-    recs.append(sparse_rec("sparse_contiguous_rows", budget, sets(budget, True, 4)))
-    for splits, bn, nw, ns in ((1, 64, 4, 4), (1, 64, 4, 5), (1, 64, 4, 6), (1, 32, 4, 6), (1, 32, 4, 8),
-                               (1, 128, 4, 3), (1, 128, 8, 3), (1, 64, 8, 5), (2, 64, 4, 4), (2, 64, 4, 5),
-                               (2, 32, 4, 6), (2, 128, 4, 2)):
-        recs.append(sparse_rec("sparse_variant", budget, idx512, num_splits=splits, block_n=bn, num_warps=nw,
-                               num_stages=ns))
-    fb = 2 * B * G * n_max * D * 2 + 2 * B * H * M * D * 2
-    nf = _n_calls(fb, l2)
-    for splits, bn, nw, ns in ((6, 32, 4, 4), (8, 32, 4, 4), (10, 32, 4, 4), (12, 32, 4, 4), (8, 32, 4, 5),
-                               (8, 32, 4, 3), (8, 64, 4, 4), (8, 16, 4, 6)):
-        calls = [lambda i=i, kw=dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns):
-                 full_verify_attention(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], lens, out=out, **kw)
-                 for i in range(nf)]
-        recs.append(_record("full_variant", calls, fb, copy_tbps, num_splits=splits, block_n=bn, num_warps=nw,
-                            num_stages=ns))
-    return {"copy_tbps": copy_tbps, "gpu": torch.cuda.get_device_name(0), "records": recs}
-
-
-def probe_round2(small: bool = False) -> dict:
-    """Kernel variants of round 2 (kernels/NOTES.md), timed like the benchmark, each checked against
-    its reference: sparse (L2 prefetch of the selected rows, programmatic dependent launch, head
-    split, blocks), select (ticket vs barrier launcher, warps, programs per row, ties), srh_scores
-    (stored probabilities, either MMA orientation, vs two passes over the keys), full (pipelined
-    combine; splits at batch 1).
-
-    small=True: tiny shapes, each call run once without timing (a CPU/interpreter smoke test).
-    """
-    from dustin_kernels import (
-        full_verify_attention_ref,
-        select_indices,
-        select_indices_ref,
-        sparse_verify_attention,
-        sparse_verify_attention_ref,
-        srh_scores,
-        srh_scores_ref,
-    )
-    from dustin_kernels.checks import rel_err
-    from dustin_kernels.select import _select_barrier, _select_ticket, _ticket_plan
-    from dustin_kernels.verify_attention import _launch
-
-    if small:
-        B, H, G, D, N, S, n_buf, dev, dt = 2, 8, 2, 16, 300, 48, 2, torch.device("cpu"), torch.float32
-        sinks, window, m = 4, 8, 16
-        copy_tbps, l2 = 1.0, 1 << 20
-
-        def rec(kernel, calls, bytes_, **extra):
-            calls[0]()
-            return {"kernel": kernel, "bytes": int(bytes_), "median_ms": 1.0, **extra}
-    else:
-        B, H, G, D, N, S, n_buf, dev, dt = 16, 64, 8, 128, 32768, 512, 12, torch.device("cuda"), torch.bfloat16
-        sinks, window, m = 16, 64, 216
-        copy_tbps = copy_bandwidth_tbps()["tbps"]
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-
-        def rec(kernel, calls, bytes_, **extra):
-            return _record(kernel, calls, bytes_, copy_tbps, **extra)
-
-    M = 5
-    n_max = N + M
-    torch.manual_seed(0)
-    recs: list[dict] = []
-    ks, vs, qs, outs, lens = verify_buffers(B, H, G, D, N, M, n_buf, dt, dev)
-    q_bytes = B * H * M * D * dt.itemsize
-
-    # ---- sparse: variants back to back in a graph, and after a small kernel that writes q
-    def idx_sets(S_, n):
-        return random_index_sets(B, N, S_, n, dev)
-
-    sparse_variants = [
-        ("v2 (round-1 default)", dict(prefetch=0, pdl=False)),
-        ("prefetch bulk", dict(prefetch=2, pdl=False)),
-        ("prefetch lines", dict(prefetch=1, pdl=False)),
-        ("pdl (default)", dict()),
-        ("prefetch bulk + pdl", dict(prefetch=2, pdl=True)),
-        ("head split 2, 64 rows, 3 stages, pdl", dict(head_split=2, block_n=64, num_stages=3)),
-        ("64 rows, 4 stages, pdl", dict(block_n=64, num_stages=4)),
-    ]
-    for S_ in ([S] if small else [S, 64, 2048]):
-        sel = 2 * B * G * (S_ + M) * D * dt.itemsize
-        sbytes = sel + 2 * q_bytes + B * S_ * 4
-        n_calls = 2 if small else _n_calls(sel, l2)
-        idx = idx_sets(S_, n_calls)
-        ref = sparse_verify_attention_ref(qs[0], ks[0], vs[0], idx[0], lens)
-        for name, kw in (sparse_variants if S_ == S else sparse_variants[:1] + sparse_variants[3:5]):
-            err = rel_err(sparse_verify_attention(qs[0], ks[0], vs[0], idx[0], lens, **kw), ref)
-            calls = [lambda i=i, kw=kw, idx=idx: sparse_verify_attention(
-                qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)], lens, out=outs[i % n_buf], **kw)
-                for i in range(n_calls)]
-            recs.append(rec("sparse", calls, sbytes, variant=name, budget=S_, rel_err=err, **kw))
-            if S_ == S and name in ("v2 (round-1 default)", "pdl (default)", "prefetch bulk + pdl"):
-                # decode-step neighbour: a small elementwise kernel writes q right before each call
-                q_src = [torch.randn_like(qs[0]) for _ in range(2)]
-                qw = [torch.empty_like(qs[0]) for _ in range(n_buf)]
-                pre = [lambda i=i, q_src=q_src, qw=qw: torch.mul(q_src[i % 2], 1.0, out=qw[i % n_buf])
-                       for i in range(n_calls)]
-
-                def both(i, kw=kw, pre=pre, idx=idx, qw=qw):
-                    pre[i]()
-                    sparse_verify_attention(qw[i % n_buf], ks[i % n_buf], vs[i % n_buf], idx[i % len(idx)], lens,
-                                            out=outs[i % n_buf], **kw)
-
-                recs.append(rec("sparse_after_q_writer", [lambda i=i, both=both: both(i) for i in range(n_calls)], sbytes,
-                                variant=name, budget=S_, **kw))
-                if name == "v2 (round-1 default)":
-                    recs.append(rec("q_writer_alone", pre, 2 * q_bytes, budget=S_))
-
-    # ---- full: the round-1 combine (one partial at a time) vs the pipelined one; splits at batch 1
-    fbytes = 2 * B * G * n_max * D * dt.itemsize + 2 * q_bytes
-    n_full = 2 if small else _n_calls(fbytes, l2)
-    ref = full_verify_attention_ref(qs[0], ks[0], vs[0], lens)
-    for name, cs in (("serial combine (default, as round 1)", 1), ("pipelined combine", 3)):
-        err = rel_err(_launch(qs[0], ks[0], vs[0], None, 0, lens, None, None, None, None, False, None, None, None,
-                              None, combine_stages=cs), ref)
-        calls = [lambda i=i, cs=cs: _launch(qs[i % n_buf], ks[i % n_buf], vs[i % n_buf], None, 0, lens, None, None,
-                                            None, outs[i % n_buf], False, None, None, None, None, combine_stages=cs)
-                 for i in range(n_full)]
-        recs.append(rec("full", calls, fbytes, variant=name, batch=B, rel_err=err))
-    B1 = 1
-    ks1 = [torch.empty(B1, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    vs1 = [torch.empty(B1, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_buf)]
-    qs1 = [torch.randn(B1, H, M, D, dtype=dt, device=dev) for _ in range(n_buf)]
-    os1 = [torch.empty_like(qs1[0]) for _ in range(n_buf)]
-    lens1 = lens[:1].contiguous()
-    fbytes1 = 2 * B1 * G * n_max * D * dt.itemsize + 2 * q_bytes // B
-    n_full1 = 2 if small else _n_calls(fbytes1, l2)
-    ref1 = full_verify_attention_ref(qs1[0], ks1[0], vs1[0], lens1)
-    sms = 4 if small else torch.cuda.get_device_properties(0).multi_processor_count
-    for splits, cs in ((round(6 * sms / G), 1), (round(6 * sms / G), 3), (None, 1), (None, 3), (-(-sms // G), 1),
-                       (-(-4 * sms // G), 1)):
-        err = rel_err(_launch(qs1[0], ks1[0], vs1[0], None, 0, lens1, None, None, None, None, False, splits, None,
-                              None, None, combine_stages=cs), ref1)
-        calls = [lambda i=i, sp=splits, cs=cs: _launch(qs1[i % n_buf], ks1[i % n_buf], vs1[i % n_buf], None, 0, lens1,
-                                                       None, None, None, os1[i % n_buf], False, sp, None, None, None,
-                                                       combine_stages=cs) for i in range(n_full1)]
-        recs.append(rec("full", calls, fbytes1, variant=f"batch 1, splits {splits or 'default'}, combine stages {cs}",
-                        batch=1, num_splits=splits, combine_stages=cs, rel_err=err))
-    # sparse at batch 1 (16 splits: the combine matters here too)
-    idx1 = [torch.sort(torch.rand(B1, N, device=dev).topk(S, dim=1).indices, dim=1).values.to(torch.int32)
-            for _ in range(n_full1)]
-    sref1 = sparse_verify_attention_ref(qs1[0], ks1[0], vs1[0], idx1[0], lens1)
-    for name, kw in (sparse_variants[0], sparse_variants[3]):
-        err = rel_err(sparse_verify_attention(qs1[0], ks1[0], vs1[0], idx1[0], lens1, **kw), sref1)
-        calls = [lambda i=i, kw=kw: sparse_verify_attention(qs1[i % n_buf], ks1[i % n_buf], vs1[i % n_buf], idx1[i],
-                                                            lens1, out=os1[i % n_buf], **kw) for i in range(n_full1)]
-        recs.append(rec("sparse", calls, 2 * G * (S + M) * D * dt.itemsize, variant=f"batch 1, {name}", batch=1,
-                        rel_err=err))
-
-    # ---- select: ticket launcher variants vs the barrier launcher vs torch.topk
-    sel_kw = dict(budget=S, sinks=sinks, window=window, m=m)
-    m1, m2 = m, S - sinks - window - m
-    for Bs in (B, 1):
-        lens_s = torch.full((Bs,), N, dtype=torch.int32, device=dev)
-        prim = [torch.rand(Bs, n_max, device=dev) for _ in range(8)]
-        sec = [torch.rand(Bs, n_max, device=dev) for _ in range(8)]
-        ties = [torch.randint(0, 50, (Bs, n_max), device=dev).float() for _ in range(2)]
-        sel_out = [torch.empty(Bs, S, dtype=torch.int32, device=dev) for _ in range(8)]
-        n_sel = 2 if small else 24
-        sbytes = 2 * Bs * n_max * 4 + Bs * S * 4
-        ref = select_indices_ref(prim[0], sec[0], lens_s, **sel_kw)
-        ref_t = select_indices_ref(ties[0], ties[1], lens_s, **sel_kw)
-        variants = [("ticket (default)", None, {}), ("ticket, 16 warps", None, {"num_warps": 16})]
-        base_plan = _ticket_plan(Bs, n_max, S, sinks, window, m1, m2, dev)
-        for P in (4, 16):
-            if base_plan is not None and P != base_plan[0]:
-                variants.append((f"ticket, {P} programs per row", P, {}))
-        for name, P, kw in variants:
-            plan = _ticket_plan(Bs, n_max, S, sinks, window, m1, m2, dev, programs_per_row=P)
-            if plan is None:
-                continue
-
-            def run(p, s_, o, plan=plan, kw=kw, lens_s=lens_s):
-                return _select_ticket(p, s_, lens_s, o, S, sinks, window, m1, m2, plan, kw.get("num_warps"))
-
-            ok = torch.equal(run(prim[0], sec[0], sel_out[0]), ref)
-            ok_t = torch.equal(run(ties[0], ties[1], sel_out[1]), ref_t)
-            calls = [lambda i=i, run=run, prim=prim, sec=sec, sel_out=sel_out: run(prim[i % 8], sec[i % 8], sel_out[i % 8])
-                     for i in range(n_sel)]
-            recs.append(rec("select", calls, sbytes, variant=name, batch=Bs, programs_per_row=plan[0],
-                            exact=ok, exact_ties=ok_t))
-            if name == "ticket (default)":
-                calls = [lambda i=i, run=run, ties=ties, sel_out=sel_out: run(ties[i % 2], ties[(i + 1) % 2], sel_out[i % 8])
-                         for i in range(n_sel)]
-                recs.append(rec("select", calls, sbytes, variant="ticket (default), scores with many ties", batch=Bs))
-
-        def run_b(p, s_, o, lens_s=lens_s):
-            return _select_barrier(p, s_, lens_s, o, S, sinks, window, m1, m2)
-
-        ok = torch.equal(run_b(prim[0], sec[0], sel_out[0]), ref)
-        calls = [lambda i=i, prim=prim, sec=sec, sel_out=sel_out, run_b=run_b: run_b(prim[i % 8], sec[i % 8], sel_out[i % 8])
-                 for i in range(n_sel)]
-        recs.append(rec("select", calls, sbytes, variant="barrier (round 1)", batch=Bs, exact=ok))
-        recs.append(rec("torch_topk", [lambda i=i, prim=prim: torch.topk(prim[i % 8], S, dim=1) for i in range(n_sel)],
-                        Bs * n_max * 4, variant="one top-k", batch=Bs))
-        assert torch.equal(select_indices(prim[0], sec[0], lens_s, **sel_kw), ref)
-
-    # ---- srh_scores at the runtime's query count: stored probabilities (one pass over the keys) vs two passes
-    hs = 2
-    rows = (H // G) * M
-    kv_heads = torch.tensor([0, G // 2], dtype=torch.int32, device=dev)
-    n_srh_buf = min(n_buf, 4)
-    ks = [torch.empty(B, G, n_max, D, dtype=dt, device=dev).normal_() for _ in range(n_srh_buf)]
-    q_srh = [torch.randn(B, hs, rows, D, dtype=dt, device=dev) for _ in range(n_srh_buf)]
-    score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
-    srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4
-    n_srh = 2 if small else _n_calls(srh_bytes, l2, lo=12, hi=64)
-    ref = srh_scores_ref(q_srh[0], kv_heads, ks[0], lens)
-    for name, kw in (("two passes over the keys, queries as the MMA M side in pass 1 (default)", dict()),
-                     ("two passes over the keys, keys as the M side (round 3)", dict(queries_as_m=False)),
-                     ("stored fp16 probabilities (one pass over the keys)", dict(store_probs=True)),
-                     ("stored probabilities, vectorised tile stores", dict(store_probs=True, probs_pad=0))):
-        err = rel_err(srh_scores(q_srh[0], kv_heads, ks[0], lens, **kw), ref)
-        calls = [lambda i=i, kw=kw: srh_scores(q_srh[i % n_srh_buf], kv_heads, ks[i % n_srh_buf], lens,
-                                               out=score_out[i % 4], **kw) for i in range(n_srh)]
-        recs.append(rec("srh_scores", calls, srh_bytes, variant=name, rel_err=err, rows=rows))
-    return {"copy_tbps": copy_tbps, "gpu": "cpu (interpreter)" if small else torch.cuda.get_device_name(0),
-            "shape": {"B": B, "H": H, "G": G, "D": D, "N": N, "S": S, "M": M}, "records": recs}
-
-
-def _print_probe(res: dict) -> None:
-    for r in res["records"]:
-        extra = {k: r[k] for k in ("budget", "batch", "rel_err", "exact", "exact_ties", "programs_per_row") if k in r}
-        print(f"{r['kernel']:22s} {r.get('variant', ''):50s} {r.get('median_ms', float('nan')) * 1e3:9.1f} us  "
-              f"do_bench {r.get('do_bench_ms', float('nan')) * 1e3:8.1f} us  {extra} {r.get('error', '')}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    if len(sys.argv) > 2 and sys.argv[2] in ("round2", "round2-small"):
-        res = probe_round2(small=sys.argv[2] == "round2-small")
-        Path(sys.argv[1]).write_text(json.dumps(res, indent=1) + "\n")
-        _print_probe(res)
-        sys.exit(0)
-    res = probe_sparse()
-    Path(sys.argv[1]).write_text(json.dumps(res, indent=1) + "\n")
-    for r in res["records"]:
-        cfg = {k: r[k] for k in ("budget", "block", "contiguous", "num_splits", "block_n", "num_warps", "num_stages")
-               if k in r}
-        print(f"{r['kernel']:24s} {r.get('median_ms', float('nan')) * 1e3:9.1f} us  do_bench "
-              f"{r.get('do_bench_ms', float('nan')) * 1e3:8.1f} us  {r.get('bandwidth_fraction', 0):5.0%}  {cfg} "
-              f"{r.get('error', '')}")

@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from dustin_eval.bench_attention import copy_bandwidth_tbps
+from dustin_eval.timing import events_ms, graph_ms
 from dustin_runtime.attention import TritonAttention
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
 from dustin_runtime.loader import random_model
 from dustin_runtime.model import Transformer
 from dustin_runtime.presets import default_draft, preset
+from dustin_runtime.provenance import environment
 
 
 @dataclass(frozen=True)
@@ -85,40 +87,14 @@ def sparse_verify_step(model: Transformer, draft: Transformer, cache, tokens: to
     return step, floor
 
 
-def _events_ms(fn: Callable[[], object], reps: int) -> dict:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1], "reps": reps}
-
-
 def _graph_step(fn: Callable[[], object], replays: int) -> dict:
-    """Warm up on a side stream, capture `fn` in a CUDA graph, time its replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    out = _events_ms(graph.replay, replays)
-    out["eager_ms"] = _events_ms(fn, max(3, replays // 5))["median_ms"]
-    del graph
+    """Replays of `fn` captured in a CUDA graph (3 warm-up calls first), and its eager time."""
+    out = graph_ms([fn], replays=replays, budget_ms=None, warmup=3)
+    out["eager_ms"] = events_ms(fn, max(3, replays // 5))["median_ms"]
     return out
 
 
-def _fill_cache(model: Transformer, batch: int, context: int, extra: int):
+def fill_cache(model: Transformer, batch: int, context: int, extra: int):
     cache = model.allocate_cache(batch, context + extra)
     g = torch.Generator(device="cuda").manual_seed(1)
     for t in cache.k + cache.v:
@@ -149,15 +125,13 @@ def matmul_tflops(n: int = 8192) -> float:
     """bf16 n x n x n matrix product rate on random data (median of events)."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    ms = _events_ms(lambda: a @ b, 10)["median_ms"]
+    ms = events_ms(lambda: a @ b, 10, warmup=3)["median_ms"]
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
 def _time_model_steps(cfg: DecodeBenchConfig, name: str, model_cfg, copy_tbps: float, *, verify: bool) -> list[dict]:
     model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
-    cache = _fill_cache(model, cfg.batch, cfg.context, cfg.gamma + 2)
+    cache = fill_cache(model, cfg.batch, cfg.context, cfg.gamma + 2)
     backend = TritonAttention()
     w = _weights_bytes(model)
     kv = cfg.batch * cfg.context * model_cfg.kv_bytes_per_token(2)
@@ -175,7 +149,7 @@ def _time_model_steps(cfg: DecodeBenchConfig, name: str, model_cfg, copy_tbps: f
 def _time_sparse_verify(cfg: DecodeBenchConfig, model_cfg, draft_cfg, copy_tbps: float) -> list[dict]:
     model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
     draft = random_model(draft_cfg, dtype=torch.bfloat16, device="cuda")
-    cache = _fill_cache(model, cfg.batch, cfg.context, cfg.gamma + 2)
+    cache = fill_cache(model, cfg.batch, cfg.context, cfg.gamma + 2)
     tokv = torch.randint(0, model_cfg.vocab_size, (cfg.batch, cfg.gamma + 1), device="cuda")
     step, floor = sparse_verify_step(model, draft, cache, tokv, budget=cfg.budget, srh=cfg.srh, gamma=cfg.gamma)
     t = _graph_step(step, cfg.replays)
@@ -185,7 +159,7 @@ def _time_sparse_verify(cfg: DecodeBenchConfig, model_cfg, draft_cfg, copy_tbps:
 
 def _time_prefill(cfg: DecodeBenchConfig, model_cfg, tflops: float) -> dict:
     model = random_model(model_cfg, dtype=torch.bfloat16, device="cuda").use_kernels()
-    cache = _fill_cache(model, 1, cfg.context - cfg.prefill_chunk, cfg.prefill_chunk + 2)
+    cache = fill_cache(model, 1, cfg.context - cfg.prefill_chunk, cfg.prefill_chunk + 2)
     backend = TritonAttention()
     c = cfg.prefill_chunk
     tok = torch.randint(0, model_cfg.vocab_size, (1, c), device="cuda")
@@ -195,9 +169,7 @@ def _time_prefill(cfg: DecodeBenchConfig, model_cfg, tflops: float) -> dict:
         cache.lengths.fill_(start)
         model(tok, cache, backend, phase="prefill", logits="none", kv_len=cfg.context)
 
-    for _ in range(2):
-        step()
-    t = _events_ms(step, 5)
+    t = events_ms(step, 5, warmup=2)
     params = model_cfg.num_params() - model_cfg.vocab_size * model_cfg.hidden_size  # no LM head in prefill
     attn = 4 * model_cfg.num_layers * model_cfg.num_heads * model_cfg.head_dim * c * (start + c / 2)
     rec = _record(f"target prefill chunk ({c} tokens at {start})", t, None, 0.0, 2 * params * c + attn, tflops)
@@ -230,8 +202,7 @@ def _time_hf(cfg: DecodeBenchConfig, model_cfg, copy_tbps: float) -> dict:
         def step():
             hf(ids, past_key_values=cache, cache_position=pos, use_cache=True)
 
-        step()
-        t = _events_ms(step, 5)
+        t = events_ms(step, 5, warmup=1)
     w = sum(p.numel() * p.element_size() for p in hf.parameters())
     kv = cfg.batch * cfg.context * model_cfg.kv_bytes_per_token(2)
     return _record("transformers decode step (StaticCache, SDPA, eager)", t, w + kv, copy_tbps)
@@ -241,8 +212,6 @@ def run_decode_bench(cfg: DecodeBenchConfig, command: str) -> dict:
     """Time every phase; returns the result record (also what gets written as JSON)."""
     if not torch.cuda.is_available():
         raise DustinError("dustin bench decode needs a CUDA GPU")
-    from dustin_eval.bench_attention import copy_bandwidth_tbps, environment
-
     tcfg = preset(cfg.config)
     dname = cfg.draft or default_draft(cfg.config)
     dcfg = preset(dname)

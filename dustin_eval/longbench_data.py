@@ -1,4 +1,8 @@
-"""LongBench (v1) samples and prompts: JSONL loading, templates, middle truncation, chat format.
+"""LongBench (v1) samples and prompts: loading, templates, middle truncation, chat format.
+
+Samples come from a folder of `<dataset>.jsonl` files (LongBench's data.zip) or from the local
+Hugging Face datasets cache, read offline (`datasets`, an optional dependency: `pip install
+dustin[datasets]`).
 
 Prompt building follows the reference pred.py: format the template, tokenize; if longer than
 the limit keep the first and last `limit // 2` tokens (decoded without special tokens and joined
@@ -7,7 +11,8 @@ as text); then the tokenizer's chat template, except on the few-shot and code ta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,20 +23,108 @@ from .longbench_config import DATASETS, NEWLINE_STOP_DATASETS, NO_CHAT_DATASETS,
 from .tokens import encode
 
 FIELDS = ("input", "context", "answers", "length", "dataset", "language", "all_classes", "_id")
+HUB_IDS = ("THUDM/LongBench", "zai-org/LongBench")  # where LongBench v1 lives on the Hub
+SOURCE_HELP = ("a folder of LongBench <dataset>.jsonl files, a Hugging Face datasets cache folder holding "
+               f"{' or '.join(HUB_IDS)}, or a dataset id in the default datasets cache")
 
 
-def load_dataset(data_dir: str | Path, dataset: str, limit: int | None = None) -> list[dict]:
-    """Samples of `<data_dir>/<dataset>.jsonl` (LongBench v1 format), in file order."""
+@dataclass(frozen=True)
+class _Source:
+    folder: Path | None  # the JSONL folder, else None
+    cache_dir: Path | None = None  # the datasets cache (None: datasets' default)
+    repo_id: str = ""
+
+
+def _datasets():
+    """The `datasets` package, offline (HF_DATASETS_OFFLINE=1) unless the environment says otherwise."""
+    explicit = "HF_DATASETS_OFFLINE" in os.environ
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError:
+        raise DustinError("reading LongBench from the Hugging Face datasets cache needs the datasets package "
+                          "(pip install 'dustin[datasets]')") from None
+    if not explicit:
+        datasets.config.HF_HUB_OFFLINE = True  # also when it was imported before the variable was set
+    return datasets
+
+
+def _cache_root(src: _Source) -> Path:
+    """<cache>/<namespace>___<snake_name>: where `datasets` keeps a Hub dataset's configurations."""
+    datasets = _datasets()
+    from datasets.naming import camelcase_to_snakecase
+
+    cache = src.cache_dir or Path(datasets.config.HF_DATASETS_CACHE)
+    ns, name = src.repo_id.split("/")
+    return cache / f"{ns}___{camelcase_to_snakecase(name)}"
+
+
+def _locate(source: str | Path) -> _Source:
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if any((path / f"{d}.jsonl").is_file() for d in DATASETS):
+            return _Source(path)
+        for repo_id in HUB_IDS:
+            if any(path.glob(f"{repo_id.split('/')[0]}___*")):
+                src = _Source(None, path, repo_id)
+                if _cache_root(src).is_dir():
+                    return src
+        return _Source(path)  # a JSONL folder without the file asked for: load_dataset names it
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not path.exists():
+        return _Source(None, None, text)
+    raise DustinError(f"{text}: no such folder ({SOURCE_HELP})")
+
+
+def available_datasets(source: str | Path) -> list[str]:
+    """The English LongBench datasets `source` holds, in the order of `DATASETS`."""
+    src = _locate(source)
+    if src.folder is not None:
+        return [d for d in DATASETS if (src.folder / f"{d}.jsonl").is_file()]
+    root = _cache_root(src)
+    return [d for d in DATASETS if (root / d).is_dir()]
+
+
+def iter_records(source: str | Path, dataset: str) -> Iterator[dict]:
+    """The samples of one LongBench dataset from `source` (SOURCE_HELP), in file order: the JSONL
+    folder's `<dataset>.jsonl`, or the cached "test" split of the dataset's configuration."""
     if dataset not in DATASETS:
         raise DustinError(f"unknown LongBench dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    path = Path(data_dir) / f"{dataset}.jsonl"
-    if not path.is_file():
-        raise DustinError(f"{path} not found (LongBench v1 JSONL files, one per dataset)")
+    src = _locate(source)
+    if src.folder is not None:
+        path = src.folder / f"{dataset}.jsonl"
+        if not path.is_file():
+            raise DustinError(f"{path} not found (LongBench v1 JSONL files, one per dataset)")
+        yield from iter_jsonl(path)
+        return
+    datasets = _datasets()
+    where = f"{src.repo_id} in the datasets cache {src.cache_dir or datasets.config.HF_DATASETS_CACHE}"
+    if not (_cache_root(src) / dataset).is_dir():
+        raise DustinError(f"{dataset} of {where} not found (cached: {', '.join(available_datasets(source)) or 'none'})")
+    log = datasets.utils.logging
+    verbosity = log.get_verbosity()
+    log.set_verbosity_error()  # no "using the cached version" notices
+    try:
+        split = datasets.load_dataset(src.repo_id, dataset, split="test",
+                                      cache_dir=None if src.cache_dir is None else str(src.cache_dir))
+    except (ValueError, OSError, ConnectionError) as e:
+        raise DustinError(f"{dataset} of {where}: {str(e).splitlines()[0]}") from None
+    finally:
+        log.set_verbosity(verbosity)
+    for row in split:
+        yield dict(row)
+
+
+def load_dataset(source: str | Path, dataset: str, limit: int | None = None) -> list[dict]:
+    """Samples of one LongBench v1 dataset from `source` (see `iter_records`), in order; the first
+    `limit` (>= 1) only when given. Every sample must carry the LongBench fields."""
+    if limit is not None and limit < 1:
+        raise DustinError(f"limit must be >= 1, got {limit}")
     samples = []
-    for lineno, sample in enumerate(iter_jsonl(path), 1):
+    for n, sample in enumerate(iter_records(source, dataset), 1):
         missing = [k for k in FIELDS if k not in sample]
         if missing:
-            raise DustinError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
+            raise DustinError(f"{source}: {dataset} sample {n}: missing field(s) {', '.join(missing)}")
         samples.append(sample)
         if limit is not None and len(samples) >= limit:
             break

@@ -1,18 +1,25 @@
 """LongBench (v1) metrics for the 16 English subsets, with the reference's exact semantics.
 
-Written for dustin from the behaviour of THUDM/LongBench `metrics.py` and `eval.py`: the `rouge`
-package 1.0.1 (pltrdy/rouge) for ROUGE-L and `fuzzywuzzy` 0.18 `fuzz.ratio` (its pure-Python
-difflib backend, as LongBench's requirements install it) for code similarity. Scores are in
-[0, 1]; a dataset score is their mean x 100, rounded to 2 decimals.
+As THUDM/LongBench `metrics.py` and `eval.py`: ROUGE-L from the `rouge` package (1.0.1) and code
+similarity from `fuzzywuzzy`'s `fuzz.ratio`, the packages LongBench's requirements install (without
+python-Levenshtein, so `fuzz.ratio` is difflib's ratio; with it fuzzywuzzy would switch to a
+different C implementation). Scores are in [0, 1]; a dataset score is their mean x 100, rounded to
+2 decimals.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 import string
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
+
+from rouge import Rouge
+
+with warnings.catch_warnings():  # "Using slow pure-python SequenceMatcher": the backend LongBench runs
+    warnings.simplefilter("ignore", UserWarning)
+    from fuzzywuzzy import fuzz
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -40,59 +47,15 @@ def qa_f1_score(prediction: str, ground_truth: str, **_) -> float:
     return token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
 
 
-def _sentences(text: str) -> list[str]:
-    # The rouge package: split on ".", keep non-empty pieces, collapse whitespace in each.
-    return [" ".join(piece.split()) for piece in text.split(".") if len(piece) > 0]
-
-
-def _words(sentence: str) -> list[str]:
-    return sentence.split(" ")
-
-
-def _lcs_words(ref: list[str], hyp: list[str]) -> set[str]:
-    """Words of the LCS of ref and hyp, reconstructed with the rouge package's tie-breaking."""
-    n, m = len(ref), len(hyp)
-    table = [[0] * (m + 1) for _ in range(n + 1)]  # [n + 1, m + 1]
-    for i in range(1, n + 1):
-        row, prev, word = table[i], table[i - 1], ref[i - 1]
-        for j in range(1, m + 1):
-            if word == hyp[j - 1]:
-                row[j] = prev[j - 1] + 1
-            else:
-                row[j] = prev[j] if prev[j] > row[j - 1] else row[j - 1]
-    out: set[str] = set()
-    i, j = n, m
-    while i > 0 and j > 0:
-        if ref[i - 1] == hyp[j - 1]:
-            out.add(ref[i - 1])
-            i, j = i - 1, j - 1
-        elif table[i - 1][j] > table[i][j - 1]:
-            i -= 1
-        else:
-            j -= 1
-    return out
-
-
 def rouge_score(prediction: str, ground_truth: str, **_) -> float:
-    """ROUGE-L F as `rouge.Rouge().get_scores([pred], [gt], avg=True)["rouge-l"]["f"]` (1.0.1).
-
-    Summary-level union LCS over "."-separated sentences, with words counted as sets
-    (the package's `exclusive=True`); 0.0 where the package raises (empty prediction or truncated
-    reference after the sentence split), as LongBench's bare `except` returns.
-    """
-    hyp, ref = _sentences(prediction), _sentences(ground_truth)
-    if not hyp or not ref:
+    """ROUGE-L F: `Rouge().get_scores([prediction], [ground_truth], avg=True)["rouge-l"]["f"]`, 0.0
+    where the package raises (an empty text after its sentence split; recursion on very long
+    sentences), as LongBench's bare `except` returns."""
+    try:
+        scores = Rouge().get_scores([prediction], [ground_truth], avg=True)
+    except Exception:  # noqa: BLE001 - LongBench scores any failure of the package as 0
         return 0.0
-    hyp_words = [_words(s) for s in hyp]
-    ref_words = [_words(s) for s in ref]
-    m = len({w for s in ref_words for w in s})
-    n = len({w for s in hyp_words for w in s})
-    union: set[str] = set()
-    for r in ref_words:
-        for h in hyp_words:
-            union |= _lcs_words(r, h)
-    recall, precision = len(union) / m, len(union) / n
-    return 2.0 * (precision * recall / (precision + recall + 1e-8))
+    return scores["rouge-l"]["f"]
 
 
 def classification_score(prediction: str, ground_truth: str, *, all_classes, **_) -> float:
@@ -128,15 +91,6 @@ def count_score(prediction: str, ground_truth: str, **_) -> float:
     return _share_equal(prediction, str(ground_truth))
 
 
-def fuzz_ratio(s1: str, s2: str) -> int:
-    """fuzzywuzzy `fuzz.ratio` (difflib backend): round(100 * SequenceMatcher ratio)."""
-    if s1 == s2:
-        return 100
-    if not s1 or not s2:
-        return 0
-    return int(round(100 * difflib.SequenceMatcher(None, s1, s2).ratio()))
-
-
 def code_sim_score(prediction: str, ground_truth: str, **_) -> float:
     """fuzz.ratio / 100 of the first prediction line without ` or # or //, against the truth."""
     line = ""
@@ -144,7 +98,7 @@ def code_sim_score(prediction: str, ground_truth: str, **_) -> float:
         if "`" not in candidate and "#" not in candidate and "//" not in candidate:
             line = candidate
             break
-    return fuzz_ratio(line, ground_truth) / 100
+    return fuzz.ratio(line, ground_truth) / 100
 
 
 Metric = Callable[..., float]

@@ -1,104 +1,26 @@
-"""Result files shared by the harnesses: provenance, JSON/CSV/Markdown tables, score-vs-budget plots.
+"""Result files shared by the harnesses: JSON/CSV/Markdown tables, score-vs-budget plots.
 
-Every result records what made it: model ids, shapes, device, library versions, git commit,
-command line and time. Plots use matplotlib's Agg canvas directly (no pyplot, no global backend).
+Every result records what made it (`dustin_runtime.provenance.provenance`: model ids, shapes,
+device, library versions, git commit, command line and time). Plots use matplotlib's Agg canvas
+directly (no pyplot, no global backend).
 """
 
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import io
 import json
-import os
-import platform
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from dustin_runtime.files import atomic_path, atomic_write
 
+# Transitional: passkey_eval, pg19_eval, longbench_runner and dustin/cli.py still import
+# `provenance` from here; it is defined in dustin_runtime.provenance.
+from dustin_runtime.provenance import provenance  # noqa: F401
+
 SCHEMA_VERSION = 1
-_REPO = Path(__file__).resolve().parents[1]
-
-
-def git_commit(repo_dir: str | Path | None = None) -> str:
-    """$DUSTIN_GIT_COMMIT when set (device commands: their copy's .git can lag the working tree);
-    else `git rev-parse HEAD` (+ "-dirty" with uncommitted changes); else "unknown"."""
-    if os.environ.get("DUSTIN_GIT_COMMIT"):
-        return os.environ["DUSTIN_GIT_COMMIT"]
-    cwd = Path(repo_dir) if repo_dir is not None else _REPO
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("DUSTIN_GIT_COMMIT", "unknown")
-    return (
-        head + ("-dirty" if dirty else "")
-        if head
-        else os.environ.get("DUSTIN_GIT_COMMIT", "unknown")
-    )
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def device_info() -> dict[str, Any]:
-    """The accelerator (CUDA name and count) or the CPU."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return {
-                "device": torch.cuda.get_device_name(0),
-                "device_count": torch.cuda.device_count(),
-                "cuda": torch.version.cuda,
-            }
-    except ImportError:
-        pass
-    return {"device": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
-
-
-def provenance(
-    models: Mapping[str, Any] | None = None,
-    shapes: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """What made a result: models, shapes, device, versions, git commit, command, UTC time."""
-    return {
-        "models": dict(models or {}),
-        "shapes": dict(shapes or {}),
-        **device_info(),
-        "versions": {
-            "python": platform.python_version(),
-            **{p: _version(p) for p in ("dustin", "torch", "transformers", "triton")},
-        },
-        "git_commit": git_commit(),
-        "command": list(sys.argv),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        **dict(extra or {}),
-    }
 
 
 def write_result_json(

@@ -2,50 +2,65 @@
 - `streamingllm`: sinks + the most recent S - sinks tokens;
 - `draft-only`: every draft KV head, m = S - sinks - window (the draft signal fills the set);
 - `target-only`: every target KV head, m = 0;
-- `quest`: pages of 16 tokens, per layer and KV head, ranked by the upper bound of q . k from the
-  page's min/max keys (max over the KV head's query heads and the verification queries), the top
-  S // 16 pages; its ARR uses those per-layer, per-head sets;
+- `quest`: the runtime's Quest policy (`dustin_runtime.selection`), per layer and KV head: sinks +
+  window + whole pages of 16 rows in decreasing upper bound of q . k (from the page's min/max
+  keys, maxed over the KV head's query heads and the verification queries), the last page cut to
+  exactly S rows; its ARR uses those per-layer, per-head sets;
 - `oracle`: the top S positions of A itself (the best any one shared set can do)."""
 
 from __future__ import annotations
 
 import torch
 
-from dustin_profile.arr import CalibStats, arr_grid
+from dustin_profile.calib_arr import CalibStats, arr_grid
+from dustin_runtime.ops import default_ops
+from dustin_runtime.recovery import recovery
+from dustin_runtime.selection import QuestPages, quest_indices
+from dustin_runtime.sparse import QUEST_PAGE
 
-METHODS = ("dustin", "streamingllm", "draft-only", "target-only", "quest", "oracle")
+
+def quest_bounds(q: torch.Tensor, k: torch.Tensor, page: int = QUEST_PAGE) -> torch.Tensor:
+    """Quest's page bounds [G, ceil(L / page)] of one layer as the runtime computes them
+    (`QuestPages`), for queries q [G, r, M, D] (r query heads per KV head) over keys k [G, L, D]."""
+    G, r, M, D = q.shape
+    L = k.shape[1]
+    pages = QuestPages(1, 1, G, L, D, page, page, k.dtype, k.device)
+    pages.refresh(0, k.unsqueeze(0), torch.tensor([L], dtype=torch.int32, device=k.device), full=True)
+    return pages.bounds(0, q.reshape(1, G * r, M, D))[0]
+
+
+def quest_sets(bounds: torch.Tensor, L: int, budget: int, page: int = QUEST_PAGE, *, sinks: int = 0,
+               window: int = 0) -> torch.Tensor:
+    """The runtime Quest policy's set of each KV head for page bounds [G, P] of a context of L rows:
+    [G, budget] int32 (`selection.quest_indices`: sorted, exactly `budget` rows when L > budget,
+    else [0, L) then -1)."""
+    G = bounds.shape[0]
+    lens = torch.tensor([L], dtype=torch.int32, device=bounds.device)
+    out = torch.full((G, budget), -1, dtype=torch.int32, device=bounds.device)
+    return quest_indices(bounds.unsqueeze(0), lens, page, L, sinks, window, default_ops(bounds.device), out)[0]
 
 
 def quest_masses(
     q: torch.Tensor,  # [G, r, M, D] fp32
     k: torch.Tensor,  # [G, L, D] fp32: context keys
-    p: torch.Tensor,  # [G, r, M, L]: true attention on the context
-    new: torch.Tensor,  # [G, r, M]: true attention mass on the new tokens
+    p: torch.Tensor,  # [G, r, M, L]: each query's share of its attention on the context
     budgets: tuple[int, ...],
-    page: int = 16,
+    page: int = QUEST_PAGE,
+    *,
+    sinks: int = 0,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Quest's ARR of one layer at each budget: [len(budgets)], mean over KV heads, their query
-    heads and the queries of the mass on the chosen pages plus the new tokens."""
-    G, L, D = k.shape
-    n, full = -(-L // page), L // page
-    kp = k[:, : full * page].reshape(G, full, page, D)
-    kmax, kmin = kp.amax(2), kp.amin(2)  # [G, full, D]
-    pm = p[..., : full * page].reshape(*p.shape[:3], full, page).sum(-1)  # [G, r, M, full]
-    if n > full:  # the last, partial page
-        kmax = torch.cat([kmax, k[:, full * page:].amax(1, keepdim=True)], dim=1)
-        kmin = torch.cat([kmin, k[:, full * page:].amin(1, keepdim=True)], dim=1)
-        pm = torch.cat([pm, p[..., full * page:].sum(-1, keepdim=True)], dim=-1)
-    pm = pm.mean(dim=(1, 2))  # [G, n]
-    ub = torch.einsum("grmd,gnd->grmn", q.clamp_min(0), kmax) + torch.einsum("grmd,gnd->grmn", q.clamp_max(0), kmin)
-    score = ub.amax(dim=(1, 2))  # [G, n]
-    order = torch.sort(score, dim=1, descending=True, stable=True).indices
-    cum = pm.gather(1, order).cumsum(1)  # [G, n]
-    newg = new.mean(dim=(1, 2))  # [G]
+    """Quest's ARR of one layer at each budget: [len(budgets)] fp64, the mean over KV heads, their
+    query heads and the queries of the share kept by the runtime Quest set (`quest_sets`;
+    `dustin_runtime.recovery`). Give the profile's sinks and window (each budget at least their sum)."""
+    G, r, M, _ = q.shape
+    L = k.shape[1]
+    bounds = quest_bounds(q, k, page)
+    attn = p.mean(dim=(1, 2))  # [G, L]: A of each KV head's queries
     out = []
-    for b in budgets:
-        pages = min(n, b // page)
-        got = cum[:, pages - 1] if pages > 0 else torch.zeros(G, device=k.device)
-        out.append((got + newg).mean())
+    for budget in budgets:
+        idx = quest_sets(bounds, L, budget, page, sinks=sinks, window=window)  # [G, S]
+        out.append(recovery(attn, idx).mean())
     return torch.stack(out)
 
 
@@ -55,13 +70,13 @@ def streamingllm(stats: CalibStats, budget: int, sinks: int) -> torch.Tensor:
     pos = torch.arange(N, device=stats.attn.device)
     L = stats.lengths.view(-1, 1)
     keep = (pos < L) & ((pos < sinks) | (pos >= L - (budget - sinks)))
-    return (stats.attn * keep).sum(1) + stats.new_mass
+    return (stats.attn.double() * keep).sum(1).clamp(0.0, 1.0)
 
 
 def oracle(stats: CalibStats, budget: int) -> torch.Tensor:
     """[P] ARR of the top-`budget` positions of A."""
     k = min(budget, stats.attn.shape[1])
-    return stats.attn.topk(k, dim=1).values.sum(1) + stats.new_mass
+    return stats.attn.topk(k, dim=1).values.double().sum(1).clamp(0.0, 1.0)
 
 
 def draft_only(stats: CalibStats, budget: int, sinks: int, window: int) -> torch.Tensor:

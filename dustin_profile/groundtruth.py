@@ -8,10 +8,15 @@ verification position L (largest first, so a pass only overwrites rows no later 
   in `speculative_generate` (gamma + 1 forwards, phase "draft"): its queries at the gamma + 1
   verification positions give the draft lookahead signal of every draft KV head;
 - the target verifies [cur, d_1..d_gamma] (phase "verify"): the recorder computes its exact
-  attention over the context plus the new tokens, every layer and head, and keeps the mean over
-  heads and queries per layer, the new tokens' mass and Quest's page masses.
+  attention over the context plus the new tokens, every layer and head, and keeps per layer the
+  context attention A of `dustin_runtime.recovery` (each query's context attention renormalised,
+  mean over heads and queries) and Quest's ARR.
 The verification tokens are therefore the draft's own greedy drafts, as at run time (with
-`verify_tokens="text"` they are the true continuation instead: teacher forcing).
+`verify_tokens="text"` they are the true continuation instead: teacher forcing). With
+`draft_set=(budget, sinks, window)` the draft drafts as with `draft_kv="verify-set"` at run time:
+over a verification set of that size (sinks, window and the rest by the target history of every
+target KV head, the set the runtime would have chosen at L from the target alone), the rows since
+and its own drafts.
 The target history signal of position L comes from the previous verification pass, taken as the
 gamma + 1 true tokens before L (all accepted): the target's queries at [L - gamma - 1, L),
 captured during prefill, softmax over that pass's context [0, L - gamma - 1)."""
@@ -28,31 +33,53 @@ from dustin_runtime.attention import AttentionBackend, ForwardContext, default_b
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
+from dustin_runtime.recovery import context_attention
 
 PAGE = 16  # Quest's page size
+
+
+class _ThroughSet(AttentionBackend):
+    """The draft's attention while drafting over a `DraftSet` (sparse drafting); `base` otherwise."""
+
+    def __init__(self, base: AttentionBackend, ops, draft_set):
+        self.base, self.ops, self.set = base, ops, draft_set
+        self.lens: torch.Tensor | None = None  # [1] context rows L of the pass being drafted
+
+    def begin(self, ctx):
+        if ctx.phase == "draft":
+            self.set.drafted(ctx.start, self.lens)
+
+    def attend(self, layer, q, cache, ctx):
+        if ctx.phase == "draft":
+            return self.ops.sparse_verify_attention(q, cache.k[layer], cache.v[layer], self.set.idx, ctx.start)
+        return self.base.attend(layer, q, cache, ctx)
 
 
 class Recorder(AttentionBackend):
     """Wraps a backend. Prefill: keeps the queries at the `capture` positions. Draft steps: keeps
     each step's queries. Verification: computes the exact attention itself (fp32) and records,
-    per layer, the mean over heads and queries of the context attention [L], the mean mass on the
-    new tokens, and Quest's mass at each budget."""
+    per layer, the context attention A [L] (`recovery.context_attention`) and Quest's ARR at each
+    budget."""
 
     def __init__(self, base: AttentionBackend, num_layers: int, capture: list[int] = (),
-                 quest_budgets: tuple[int, ...] = (), page: int = PAGE):
+                 quest_budgets: tuple[int, ...] = (), page: int = PAGE, quest_sinks: int = 0,
+                 quest_window: int = 0):
         self.base = base
         self.capture = sorted(capture)
         self.slot = {p: i for i, p in enumerate(self.capture)}
         self.quest_budgets = tuple(quest_budgets)
+        self.quest_sinks, self.quest_window = quest_sinks, quest_window
         self.page = page
         self.q_capture: list[torch.Tensor | None] = [None] * num_layers  # [H, K, D] each
         self.reset_steps()
+
+    def begin(self, ctx: ForwardContext) -> None:
+        self.base.begin(ctx)
 
     def reset_steps(self) -> None:
         n = len(self.q_capture)
         self.q_steps: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self.layer_attn: list[torch.Tensor | None] = [None] * n  # [L] fp32
-        self.layer_new = torch.zeros(n)
         self.quest = torch.zeros(n, len(self.quest_budgets))
 
     def attend(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> torch.Tensor:
@@ -84,11 +111,11 @@ class Recorder(AttentionBackend):
         s[..., L:] = s[..., L:].masked_fill(j.view(1, M) > j.view(M, 1), float("-inf"))
         p = torch.softmax(s, dim=-1)
         out = torch.einsum("grmn,gnd->grmd", p, v).reshape(1, H, M, D)
-        self.layer_attn[layer] = p[..., :L].mean(dim=(0, 1, 2))
-        new = p[..., L:].sum(-1)  # [G, r, M]
-        self.layer_new[layer] = new.mean().item()
+        self.layer_attn[layer] = context_attention(p.reshape(-1, L + M), L)[:L]
         if self.quest_budgets:
-            self.quest[layer] = quest_masses(qf, k[:, :L], p[..., :L], new, self.quest_budgets, self.page).cpu()
+            share = p[..., :L] / p[..., :L].sum(-1, keepdim=True)  # [G, r, M, L]: each query's context share
+            self.quest[layer] = quest_masses(qf, k[:, :L], share, self.quest_budgets, self.page,
+                                             sinks=self.quest_sinks, window=self.quest_window).cpu()
         return out.to(q.dtype)
 
 
@@ -113,13 +140,17 @@ def record_window(
     quest_budgets: tuple[int, ...] = (),
     verify_tokens: str = "draft",
     prefill_chunk: int = 2048,
+    draft_set: tuple[int, int, int] | None = None,
+    sinks: int = 0,
+    window: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Record one window (see the module docstring). Returns CPU tensors, P = len(positions),
     N = max(positions), padded with zeros past each pass's L:
-    lengths [P]; attn [P, N] (A: mean over target layers, heads, queries); new_mass [P];
-    layer_attn [P, Lt, N] fp16; layer_new [P, Lt]; quest [P, Lt, len(quest_budgets)];
+    lengths [P]; attn [P, N] (A of `recovery.context_attention`: mean over target layers, heads,
+    queries); layer_attn [P, Lt, N] fp16; quest [P, Lt, len(quest_budgets)];
     draft [Cd, P, N] and target [Ct, P, N] candidate signals (by layer, then KV head);
-    drafted [P, gamma]; accepted [P] (drafts the target's greedy choice accepts)."""
+    drafted [P, gamma]; accepted [P] (drafts the target's greedy choice accepts). `sinks` and
+    `window` are those of the Quest sets (the profile's)."""
     if verify_tokens not in ("draft", "text"):
         raise DustinError(f"verify tokens must be 'draft' or 'text', not {verify_tokens!r}")
     M = gamma + 1
@@ -132,7 +163,8 @@ def record_window(
     tokens = list(tokens)
     # target: prefill, keeping the history queries [L - M, L) of every position
     capture = sorted({p - M + j for p in order for j in range(M)})
-    trec = Recorder(default_backend(device), target.cfg.num_layers, capture, quest_budgets)
+    trec = Recorder(default_backend(device), target.cfg.num_layers, capture, quest_budgets, quest_sinks=sinks,
+                    quest_window=window)
     tcache = target.allocate_cache(1, N + M)
     _prefill(target, tcache, tokens[:N], trec, prefill_chunk)
     slots = torch.tensor([[trec.slot[p - M + j] for j in range(M)] for p in order], device=device)  # [P, M]
@@ -142,16 +174,23 @@ def record_window(
         qh = trec.q_capture[layer][:, slots].transpose(0, 1)  # [P, H, M, D]
         tsig.append(kv_head_signals(qh, tcache.k[layer], hist_lens)[..., :N].float().cpu())
     # draft: prefill once; per position draft gamma tokens and keep its queries
-    drec = Recorder(default_backend(device), draft.cfg.num_layers)
+    through = None
+    if draft_set is not None:
+        from dustin_runtime.ops import default_ops
+        from dustin_runtime.policies import DraftSet
+
+        ops, (budget, sinks, window) = default_ops(device), draft_set
+        through = _ThroughSet(default_backend(device), ops, DraftSet(1, budget, gamma, device))
+        history = torch.cat(tsig, dim=0).sum(0).to(device)  # [P, N]: every target KV head
+        chosen = torch.full((1, budget), -1, dtype=torch.int32, device=device)
+    drec = Recorder(through or default_backend(device), draft.cfg.num_layers)
     dcache = draft.allocate_cache(1, N + M)
     _prefill(draft, dcache, tokens[:N], drec.base, prefill_chunk)
     P, Lt = len(order), target.cfg.num_layers
     out = {
         "lengths": torch.tensor(order),
         "attn": torch.zeros(P, N),
-        "new_mass": torch.zeros(P),
         "layer_attn": torch.zeros(P, Lt, N, dtype=torch.float16),
-        "layer_new": torch.zeros(P, Lt),
         "quest": torch.zeros(P, Lt, len(quest_budgets)),
         "drafted": torch.zeros(P, gamma, dtype=torch.long),
         "accepted": torch.zeros(P, dtype=torch.long),
@@ -159,7 +198,14 @@ def record_window(
     dsig = [torch.zeros(draft.cfg.num_kv_heads, P, N) for _ in range(draft.cfg.num_layers)]
     for i, L in enumerate(order):
         drec.reset_steps()
-        dcache.set_lengths(torch.tensor([L], dtype=torch.int32, device=device))
+        lens = torch.tensor([L], dtype=torch.int32, device=device)
+        dcache.set_lengths(lens)
+        if through is not None:
+            pad = torch.zeros(1, max(0, dcache.max_len - N), device=device)
+            hist = torch.cat([history[i: i + 1], pad], dim=1)  # [1, N_max]
+            ops.select_indices(hist, None, lens, chosen, sinks=sinks, window=window, m=budget - sinks - window)
+            through.set.chosen(chosen, lens)
+            through.lens = lens
         tok = torch.tensor([[tokens[L]]], device=device)
         drafted = []
         for j in range(M):
@@ -169,7 +215,6 @@ def record_window(
                 tok = (torch.tensor([[tokens[L + j + 1]]], device=device) if verify_tokens == "text"
                        else dl[:, -1, :V].argmax(-1, keepdim=True))
                 drafted.append(tok)
-        lens = torch.tensor([L], dtype=torch.int32, device=device)
         for layer in range(draft.cfg.num_layers):
             qd = torch.stack(drec.q_steps[layer], dim=1).unsqueeze(0)  # [1, H, M, D]
             dsig[layer][:, i] = kv_head_signals(qd, dcache.k[layer][:, :, :N], lens)[:, 0].float().cpu()
@@ -181,8 +226,6 @@ def record_window(
         la = torch.stack(trec.layer_attn).float()  # [Lt, L]
         out["attn"][i, :L] = la.mean(0).cpu()
         out["layer_attn"][i, :, :L] = la.half().cpu()
-        out["layer_new"][i] = trec.layer_new
-        out["new_mass"][i] = trec.layer_new.mean()
         out["quest"][i] = trec.quest
         out["drafted"][i] = d[0].cpu()
         match = (tlogits[:gamma].argmax(-1) == d[0]).long()

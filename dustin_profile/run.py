@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from dustin_profile import calibration as cal
-from dustin_profile.arr import CalibStats, arr_exact
 from dustin_profile.artifact import HeadChoice, ModelInfo, Profile, model_info
 from dustin_profile.baselines import baseline_arrs
+from dustin_profile.calib_arr import CalibStats, arr_exact
 from dustin_profile.candidates import candidates_of
 from dustin_profile.groundtruth import record_window
 from dustin_profile.search import (
@@ -36,7 +36,7 @@ from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
 
-WORK_VERSION = 1
+WORK_VERSION = 2  # 2: ARR over the context (new tokens excluded, rows renormalised)
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CALIB = REPO.parent / "shared" / "corpus" / "gutenberg" / "calib"
 
@@ -200,17 +200,16 @@ def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0
     a fact is a few tokens and holds only a few percent of the mean attention mass, too little
     for the mass alone to favour the heads that find it (results/passkey/README.md)."""
     cat = {k: torch.cat([r[k] for r in recs], dim=1 if k in ("draft", "target") else 0)
-           for k in ("lengths", "attn", "new_mass", "draft", "target", "layer_attn", "layer_new", "quest")}
+           for k in ("lengths", "attn", "draft", "target", "layer_attn", "quest")}
     weight = None
     if retrieval:
         per = [r["lengths"].numel() for r in recs]
         asks = [sum(per[:w]) for w in range(len(recs) - retrieval, len(recs))]
         if facts is not None:
-            cat["attn"], cat["new_mass"] = cat["attn"].clone(), cat["new_mass"].clone()
+            cat["attn"] = cat["attn"].clone()
             for p, (a, b) in zip(asks, facts, strict=True):
                 cat["attn"][p] = 0.0
                 cat["attn"][p, a:b] = 1.0 / (b - a)
-                cat["new_mass"][p] = 0.0
         if retrieval_weight > 0:
             ask = torch.zeros(sum(per), dtype=torch.bool)
             ask[asks] = True

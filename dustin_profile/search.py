@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dustin_profile.arr import CalibStats, _base, arr_from_rankings, arr_grid, middle_mask, ranking
+from dustin_profile.calib_arr import (
+    CalibStats,
+    _base,
+    arr_from_rankings,
+    arr_grid,
+    middle_mask,
+    ranking,
+)
 from dustin_profile.candidates import Candidate
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dustin_profile.arr import CalibStats, layer_arr, select
 from dustin_profile.baselines import baseline_arrs
+from dustin_profile.calib_arr import CalibStats, layer_arr, select
 from dustin_profile.candidates import Candidate
 from dustin_profile.search import SearchResult, signal_sums
 

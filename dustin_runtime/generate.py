@@ -3,7 +3,9 @@
 
 Convention: after prefill the cache holds every prompt token but the last one, which becomes the
 `cur` token of the first step; each step feeds `cur` (plus drafts), so decode and verify steps have
-static shapes and no host sync. The loop syncs once per step to test whether all are done."""
+static shapes and no host sync. The loop syncs once per step to test whether all are done. Every
+step's phases are plain functions over static buffers (`engine`): called eagerly, or replayed as
+CUDA graphs."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dustin_runtime.attention import AttentionBackend, default_backend
+from dustin_runtime.engine import Engine, default_engine
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
@@ -90,19 +93,31 @@ def prefill(
 
 
 class Bookkeeper:
-    """Device-side outputs of a batch: per-step emitted tokens, EOS and length limits."""
+    """Device-side outputs of a batch: emitted tokens, EOS and length limits per sequence, and the
+    accepted draft count of every step. Static buffers sized once (`rows` new tokens per sequence
+    at most, `width` tokens per step), refilled in place by `reset` for each call."""
 
-    def __init__(self, prompts, max_new, eos_ids, width: int, device, min_new: int = 0):
-        B = len(prompts)
-        self.device = device
-        self.min_new = min_new
-        self.max_new = torch.tensor(max_new, device=device)
-        self.produced = torch.zeros(B, dtype=torch.long, device=device)
-        self.done = self.max_new <= 0
+    def __init__(self, batch: int, rows: int, width: int, eos_ids, device, min_new: int = 0):
+        self.device, self.min_new, self.width = device, min_new, width
+        self.max_new = torch.zeros(batch, dtype=torch.long, device=device)
+        self.produced = torch.zeros(batch, dtype=torch.long, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=device)
-        self.out = torch.zeros(B, max(max_new) + 2 * width + 1, dtype=torch.long, device=device)
+        self.out = torch.zeros(batch, rows + 2 * width + 1, dtype=torch.long, device=device)
         self.trash = self.out.shape[1] - 1
-        self.accepted: list[torch.Tensor] = []
+        self.accepted = torch.full((rows + 1, batch), -1, dtype=torch.long, device=device)  # [steps, B]
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+
+    def reset(self, max_new: list[int]) -> None:
+        """Start a call: per-sequence limits, nothing produced."""
+        if max(max_new) + 1 > self.accepted.shape[0]:
+            raise ValueError(f"{max(max_new)} new tokens exceed the bookkeeper's {self.accepted.shape[0] - 1}")
+        self.max_new.copy_(torch.tensor(max_new))
+        self.produced.zero_()
+        torch.le(self.max_new, 0, out=self.done)
+        self.out.zero_()
+        self.accepted.fill_(-1)
+        self.step.zero_()
 
     def mask_early_stops(self, logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Forbid end-of-sequence ids before `min_new` tokens: logits [B, T, V] (token t of the pass
@@ -117,22 +132,34 @@ class Bookkeeper:
         return logits
 
     def emit(self, emitted: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """Append emitted[b, :count[b]] ([B, W], [B]) for live sequences; returns the per-sequence
-        advance (count for live ones, 0 for finished ones)."""
+        """Append emitted[b, :count[b]] ([B, W], [B]) for live sequences and record the step's
+        accepted drafts (count - 1, cut where the sequence ends: at its length limit or its first
+        EOS; -1 for finished sequences); returns the per-sequence advance (count for live ones,
+        0 for finished ones)."""
         W = emitted.shape[1]
         live = ~self.done
         j = torch.arange(W, device=self.device)
         valid = (j.view(1, W) < count.view(-1, 1)) & live.view(-1, 1)  # [B, W]
         pos = (self.produced.view(-1, 1) + j).clamp_max(self.trash - 1)
         self.out.scatter_(1, torch.where(valid, pos, self.trash), emitted)
-        hit_eos = (torch.isin(emitted, self.eos) & valid).any(1)
+        is_eos = torch.isin(emitted, self.eos) & valid  # [B, W]
+        hit_eos = is_eos.any(1)
+        kept = torch.minimum(count, self.max_new - self.produced)  # tokens inside the length limit
+        kept = torch.where(hit_eos, torch.minimum(kept, is_eos.int().argmax(1) + 1), kept)  # up to the EOS
+        self.accepted.index_copy_(0, self.step, torch.where(live, kept - 1, -1).view(1, -1))
+        self.step += 1
         advance = torch.where(live, count, torch.zeros_like(count))
         self.produced += advance
-        self.done = self.done | hit_eos | (self.produced >= self.max_new)
+        self.done |= hit_eos | (self.produced >= self.max_new)
         return advance
 
     def all_done(self) -> bool:
+        """The one host synchronisation of a step."""
         return bool(self.done.all())
+
+    def accepted_rows(self, steps: int) -> list[list[int]]:
+        """Accepted drafts per step and sequence, [steps][B] (-1 = finished)."""
+        return self.accepted[:steps].cpu().tolist()
 
     def results(self, max_new) -> tuple[list[list[int]], list[str]]:
         out, produced = self.out.cpu().tolist(), self.produced.cpu().tolist()
@@ -150,6 +177,21 @@ class Bookkeeper:
         return tokens, reasons
 
 
+def start_steps(device: torch.device) -> float:
+    """The wall clock at the first step: prefill (asynchronous on CUDA) is waited for first, so the
+    steps' wall time (`seconds["steps"]`, ended by the last step's done check) excludes it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def use_graphs(cuda_graphs: bool | None, device: torch.device, cacheable: bool) -> bool:
+    """CUDA graphs by default on CUDA for a loop whose configuration can be cached; never on CPU."""
+    if device.type != "cuda":
+        return False
+    return cacheable if cuda_graphs is None else cuda_graphs and cacheable
+
+
 @torch.inference_mode()
 def generate(
     model: Transformer,
@@ -162,41 +204,71 @@ def generate(
     seed: int = 0,
     prefill_chunk: int = PREFILL_CHUNK,
     min_new_tokens: int = 0,
+    cuda_graphs: bool | None = None,
+    engine: Engine | None = None,
+    prefilled: int | None = None,
 ) -> GenerationResult:
     """Autoregressive decoding of a batch of prompts of any lengths (EOS ids are forbidden
-    before `min_new_tokens` new tokens)."""
+    before `min_new_tokens` new tokens). On CUDA the decode step runs as a CUDA graph (captured on
+    the second step, reused by later calls of the same configuration) unless `cuda_graphs` is
+    False; with a custom `backend` only when `cuda_graphs` is True. `prefilled` = rows: the
+    engine's cache (`engine.caches`) already holds the first rows of every prompt."""
     max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     check_prompts(prompts, max_new, model)
-    device = model.device
+    device, B = model.device, len(prompts)
+    graphs = use_graphs(cuda_graphs if backend is None else bool(cuda_graphs), device, True)
+    engine = engine or (default_engine(model) if graphs else Engine(model))
     backend = backend or default_backend(device)
-    gen = torch.Generator(device=device).manual_seed(seed)
     timer = PhaseTimer(device)
     t0 = time.perf_counter()
-    cache = model.allocate_cache(len(prompts), cache_capacity(prompts, max_new))
+    tcache, _ = engine.caches(B, cache_capacity(prompts, max_new), draft=False)
+    key = ("ar", B, tcache.max_len, sampling, min_new_tokens, tuple(sorted(set(eos_ids))), type(backend).__name__)
+
+    def build(st):
+        st.objs["book"] = Bookkeeper(B, tcache.max_len, 1, eos_ids, device, min_new_tokens)
+        st.objs["cur"] = torch.zeros(B, dtype=torch.long, device=device)
+        st.objs["one"] = torch.ones(B, dtype=torch.long, device=device)
+        book = st.objs["book"]
+        st.mutable = [tcache.lengths, st.objs["cur"], book.produced, book.done, book.step]
+
+    st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
+    book, cur, one = st.objs["book"], st.objs["cur"], st.objs["one"]
+    st.generator.manual_seed(seed)
+    book.reset(max_new)
+    tcache.lengths.fill_(prefilled or 0)
     with timer.phase("prefill"):
-        prefill(model, cache, prompts, backend, chunk=prefill_chunk)
-    book = Bookkeeper(prompts, max_new, eos_ids, 1, device, min_new_tokens)
-    cur = torch.tensor([p[-1] for p in prompts], device=device)
+        prefill(model, tcache, prompts, backend, chunk=prefill_chunk, start=prefilled or 0)
+    cur.copy_(torch.tensor([p[-1] for p in prompts]))
+    step: dict[str, torch.Tensor] = {}
+    t_steps = start_steps(device)
+
+    def decode():
+        step["logits"] = book.mask_early_stops(model(cur.view(-1, 1), tcache, backend, phase="decode"))[:, -1]
+
+    def commit():
+        nxt = next_token(step["logits"], sampling, st.generator)
+        advance = book.emit(nxt.view(-1, 1), one)
+        tcache.advance(advance.to(torch.int32))
+        cur.copy_(torch.where(advance > 0, nxt, cur))
+
     steps = 0
-    one = torch.ones(len(prompts), dtype=torch.long, device=device)
     while not book.all_done():
         with timer.phase("decode"):
-            logits = book.mask_early_stops(model(cur.view(-1, 1), cache, backend, phase="decode"))[:, -1]
+            st.graphs.run("decode", decode)
         with timer.phase("other"):
-            nxt = next_token(logits, sampling, gen)
-            advance = book.emit(nxt.view(-1, 1), one)
-            cache.advance(advance.to(torch.int32))
-            cur = torch.where(advance > 0, nxt, cur)
+            st.graphs.run("other", commit)
         steps += 1
+    seconds = {"steps": time.perf_counter() - t_steps}
     tokens, reasons = book.results(max_new)
-    seconds = timer.totals()
+    seconds.update(timer.totals())
     seconds["total"] = time.perf_counter() - t0
     stats = DecodeStats(
         mode="autoregressive",
-        batch=len(prompts),
+        batch=B,
         prompt_tokens=[len(p) for p in prompts],
         new_tokens=[len(t) for t in tokens],
         steps=steps,
         seconds=seconds,
+        cuda_graphs=st.graphs.enabled,
     )
     return GenerationResult(tokens, reasons, stats)

@@ -50,9 +50,6 @@ class KVCache:
     def num_layers(self) -> int:
         return len(self.k)
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
         """Store k_new/v_new [B, G, T, D] at rows positions [B, T] of each sequence."""
         B, G, T, D = k_new.shape

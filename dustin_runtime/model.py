@@ -108,15 +108,21 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(self, x, layer, rope, cache, backend, ctx):
+    def forward(self, x, layer, rope, cache, backend, ctx, pending=None):
+        """-> (x, pending): the fused path leaves the MLP's output as a pending residual that the
+        next norm adds (one kernel less per layer); the reference path adds it here."""
         if rope.fused:
             from dustin_kernels.layer_ops import add_rms_norm, rms_norm
 
-            h = self.attn(rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), layer, rope, cache, backend, ctx)
+            if pending is None:
+                y = rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
+            else:
+                x, y = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps)
+            h = self.attn(y, layer, rope, cache, backend, ctx)
             x, y = add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps)
-            return x + self.ffn(y, fused=True)
+            return x, self.ffn(y, fused=True)
         x = x + self.attn(self.attn_norm(x), layer, rope, cache, backend, ctx)
-        return x + self.ffn(self.ffn_norm(x))
+        return x + self.ffn(self.ffn_norm(x)), None
 
 
 class Transformer(nn.Module):
@@ -180,16 +186,16 @@ class Transformer(nn.Module):
             rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
         backend.begin(ctx)
-        x = self.embed(tokens)  # [B, T, d]
+        x, pending = self.embed(tokens), None  # [B, T, d]
         for i, block in enumerate(self.layers):
-            x = block(x, i, rope, cache, backend, ctx)
+            x, pending = block(x, i, rope, cache, backend, ctx, pending)
         backend.end(ctx)
         if logits == "none":
             return None
         if logits == "last":
-            x = x[:, -1:]
-        if self.fused:
-            from dustin_kernels.layer_ops import rms_norm
+            x, pending = x[:, -1:], None if pending is None else pending[:, -1:]
+        if pending is not None:
+            from dustin_kernels.layer_ops import add_rms_norm
 
-            return self.lm_head(rms_norm(x, self.norm.weight, self.norm.eps)).float()
+            return self.lm_head(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1]).float()
         return self.lm_head(self.norm(x)).float()

@@ -151,8 +151,10 @@ def decode(
     chat: bool = False,
     seed: int = 0,
     hooks: SpecHooks | None = None,
+    cuda_graphs: bool | None = None,
 ) -> DecodeOutput:
-    """Decode a batch of text prompts: autoregressive without a draft, speculative with one."""
+    """Decode a batch of text prompts: autoregressive without a draft, speculative with one (the
+    steps as CUDA graphs on CUDA unless `cuda_graphs` is False)."""
     if gamma < 1:
         raise DustinError(f"gamma (draft tokens per step) must be >= 1, got {gamma}")
     bad = [p.max_new_tokens for p in prompts if p.max_new_tokens < 1]
@@ -165,11 +167,12 @@ def decode(
     if draft is None:
         if hooks is not None:
             raise DustinError("a verification policy needs a draft (--draft)")
-        res = generate(target.model, ids, max_new, sampling=sampling, eos_ids=eos, seed=seed)
+        res = generate(target.model, ids, max_new, sampling=sampling, eos_ids=eos, seed=seed,
+                       cuda_graphs=cuda_graphs)
     else:
         res = speculative_generate(
             target.model, draft.model, ids, max_new, gamma=gamma, sampling=sampling,
-            eos_ids=eos, hooks=hooks, seed=seed,
+            eos_ids=eos, hooks=hooks, seed=seed, cuda_graphs=cuda_graphs,
         )
     texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
     meta = {

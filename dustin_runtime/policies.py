@@ -25,10 +25,10 @@ from dataclasses import replace
 
 import torch
 
-from dustin_runtime.arr import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
 from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
@@ -44,6 +44,12 @@ class FullPolicy(SpecHooks):
 
     def __init__(self, measure_arr: bool = False, paired: bool = False):
         self.measure_arr, self.paired = measure_arr, paired
+        self.steps = self.accepted = None
+
+    def key(self):
+        return None if self.paired else ("full", self.measure_arr)
+
+    def reset(self):
         self.steps = self.accepted = None
 
     def prefill_tail(self, gamma: int) -> int:
@@ -86,23 +92,57 @@ class _TargetBackend(AttentionBackend):
 
 
 class _DraftBackend(AttentionBackend):
-    """The draft's default attention; its SRH queries are stashed while drafting."""
+    """The draft's attention while drafting: the default backend over its whole cache, or (sparse
+    drafting) `sparse_verify_attention` over the policy's draft set; the queries of the lookahead's
+    retrieval heads are stashed."""
 
-    def __init__(self, policy: SignalPolicy, default: AttentionBackend):
+    def __init__(self, policy: SparsePolicy, default: AttentionBackend):
         self.policy, self.default = policy, default
 
     def begin(self, ctx):
         self.default.begin(ctx)
+        if ctx.phase == "draft" and self.policy.draft_set is not None:
+            self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths)
 
     def attend(self, layer, q, cache, ctx):
-        out = self.default.attend(layer, q, cache, ctx)
-        look = self.policy.lookahead
-        if ctx.phase == "draft" and layer in look.layers:
-            look.stash(layer, q, ctx.positions[:, 0] - self.policy.tcache.lengths)
+        p = self.policy
+        if ctx.phase == "draft" and p.draft_set is not None:
+            out = p.ops.sparse_verify_attention(q, cache.k[layer], cache.v[layer], p.draft_set.idx, ctx.start)
+        else:
+            out = self.default.attend(layer, q, cache, ctx)
+        look = getattr(p, "lookahead", None)
+        if ctx.phase == "draft" and look is not None and layer in look.layers:
+            look.stash(layer, q, ctx.positions[:, 0] - p.tcache.lengths)
         return out
 
     def end(self, ctx):
         self.default.end(ctx)
+
+
+class DraftSet:
+    """What the draft attends while drafting with `draft_kv="verify-set"`, one [B, S + 2 gamma + 1]
+    int32 row set per sequence (-1 = none): the latest verification set (chosen at context L0),
+    the rows committed since ([L0, L), at most gamma + 1) and this step's drafts already written
+    ([L, L + i) at draft forward i; the forward's own token is the kernel's new token)."""
+
+    def __init__(self, batch: int, budget: int, gamma: int, device):
+        self.S, self.W, self.gamma = budget, gamma + 1, gamma
+        self.idx = torch.full((batch, budget + 2 * gamma + 1), -1, dtype=torch.int32, device=device)
+        self.set_lens = torch.zeros(batch, dtype=torch.int32, device=device)  # L0 of the latest set
+        self.j = torch.arange(max(self.W, gamma), dtype=torch.int32, device=device)
+
+    def chosen(self, indices: torch.Tensor, lens: torch.Tensor) -> None:
+        """A verification set indices [B, S] was chosen at context lengths lens [B]."""
+        self.idx[:, : self.S].copy_(indices)
+        self.set_lens.copy_(lens)
+
+    def drafted(self, start: torch.Tensor, lens: torch.Tensor) -> None:
+        """Before a draft forward at rows start [B] of a step at context lengths lens [B]."""
+        W, g = self.W, self.gamma
+        since = self.set_lens.view(-1, 1) + self.j[:W]  # [B, W]
+        self.idx[:, self.S: self.S + W].copy_(torch.where(since < lens.view(-1, 1), since, -1))
+        mine = lens.view(-1, 1) + self.j[:g]  # [B, gamma]
+        self.idx[:, self.S + W:].copy_(torch.where(mine < start.view(-1, 1), mine, -1))
 
 
 class SparsePolicy(SpecHooks):
@@ -126,6 +166,16 @@ class SparsePolicy(SpecHooks):
         self.pairs: PairedAcceptance | None = None
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
+        self.draft_set: DraftSet | None = None
+        if cfg.draft_kv == "verify-set" and not self.shared_set:
+            raise DustinError(f"policy {self.name} chooses a set per layer and KV head: the draft cannot draft "
+                              f"over it (use --draft-kv full)")
+
+    def key(self):
+        """Cacheable (and run as CUDA graphs) unless a side pass or a trace needs the host."""
+        if self.measure_arr or self.paired or self.needs_true_attention or self.trace is not None:
+            return None
+        return (self.name, self.cfg)
 
     def setup(self, target_cache: KVCache, draft_cache: KVCache, gamma: int) -> None:
         self.tcache, self.dcache, self.gamma = target_cache, draft_cache, gamma
@@ -138,15 +188,35 @@ class SparsePolicy(SpecHooks):
             self.true = TrueAttention(B, target_cache.max_len, target_cache.num_layers, self.target.cfg.num_kv_heads,
                                       dev, per_layer=self.measure_arr and not self.shared_set)
         self.allocate(B, target_cache.max_len, dev)
+        if self.cfg.draft_kv == "verify-set":
+            self.draft_set = DraftSet(B, self.cfg.budget, gamma, dev)
+
+    @property
+    def selects(self) -> bool:
+        return self.shared_set or self.true is not None
 
     def allocate(self, batch: int, max_len: int, device) -> None:
-        """Per-run buffers of a subclass."""
+        """Buffers of a subclass (built once; reused by every call of a cached policy)."""
+
+    def reset(self) -> None:
+        if self.meter is not None:
+            self.meter.reset()
+        if self.pairs is not None:
+            self.pairs.reset()
 
     def prefill_tail(self, gamma: int) -> int:
         return gamma + 1
 
     def target_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _TargetBackend(self, default)
+
+    def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
+        return _DraftBackend(self, default) if self.draft_set is not None else default
+
+    def after_prefill(self) -> None:
+        if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals
+            self.select(self.tcache.lengths)
+            self.draft_set.chosen(self.indices, self.tcache.lengths)
 
     def drafted(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens
@@ -159,6 +229,8 @@ class SparsePolicy(SpecHooks):
                 self.pairs.measure(logits[..., : self.vocab], self.tokens)
         if self.shared_set:
             self.select(self.tcache.lengths)
+            if self.draft_set is not None:
+                self.draft_set.chosen(self.indices, self.tcache.lengths)
             if self.trace is not None:
                 self.trace.append((None, self.tcache.lengths.clone(), self.indices.clone()))
             if self.meter is not None:
@@ -196,7 +268,7 @@ class SparsePolicy(SpecHooks):
 
     def summary(self) -> dict:
         c = self.cfg
-        out = {"budget": c.budget, "sinks": c.sinks, "window": c.window}
+        out = {"budget": c.budget, "sinks": c.sinks, "window": c.window, "draft_kv": c.draft_kv}
         if self.meter is not None:
             out.update(self.meter.summary())
         if self.pairs is not None:
@@ -221,7 +293,13 @@ class SignalPolicy(SparsePolicy):
         self.target_signal = TargetHistory(c.target_heads, device, c.aggregation, self.ops) if self.use_target else None
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
-        return _DraftBackend(self, default) if self.use_draft else default
+        return _DraftBackend(self, default) if self.use_draft or self.draft_set is not None else default
+
+    def reset(self):
+        super().reset()
+        if self.lookahead is not None:  # a cached policy starts as a fresh one would
+            for q in self.lookahead.q.values():
+                q.zero_()
 
     def observe_prefill_tail(self, layer, q, cache, ctx):
         if self.target_signal is not None:
@@ -262,6 +340,10 @@ class QuestPolicy(SparsePolicy):
 
     name = "quest"
     shared_set = False
+
+    def after_prefill(self):
+        for layer in range(self.target.cfg.num_layers):  # every page; the steps then update the last ones
+            self.pages.refresh(layer, self.tcache.k[layer], self.tcache.lengths, full=True)
 
     def allocate(self, batch, max_len, device):
         t = self.target.cfg
@@ -314,6 +396,8 @@ def make_policy(
     if name not in POLICIES:
         raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     if name == "full":
+        if cfg is not None and cfg.draft_kv != "full":
+            raise DustinError("full verification has no verification set to draft over: use --draft-kv full")
         return FullPolicy(measure_arr, paired)
     if cfg is None:
         raise DustinError(f"policy {name} needs a budget (--budget)")

@@ -66,9 +66,12 @@ def speculative_accept(
     target_logits: torch.Tensor,  # [B, K + 1, V] target logits at positions of cur, d_1..d_K
     cfg: SamplingConfig,
     generator: torch.Generator | None = None,
+    forced: torch.Tensor | None = None,  # [B] accepted counts that replace the decision (replay)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepted-prefix lengths n [B] (0..K) and the next token [B]: the target's correction at the
-    first rejection, or its bonus token after K accepts.
+    first rejection, or its bonus token after K accepts. With `forced`, n is forced and the next
+    token is the target's at n as above (the random draws of a real decision are still made, so
+    forcing the counts a real run found reproduces that run).
 
     Greedy: d_i is accepted while it equals the target's argmax, so the output equals greedy
     decoding of the target. Sampling: d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)),
@@ -78,14 +81,14 @@ def speculative_accept(
     if cfg.greedy:
         t = target_logits.argmax(-1)  # [B, K + 1]
         ok = (t[:, :K] == draft_tokens).int()
-        n = ok.cumprod(dim=1).sum(dim=1)  # [B]
+        n = ok.cumprod(dim=1).sum(dim=1) if forced is None else forced  # [B]
         return n, t.gather(1, n.view(B, 1)).squeeze(1)
     p = probs_from_logits(target_logits, cfg)  # [B, K + 1, V]
     p_d = p[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
     q_d = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
     u = torch.rand(B, K, device=p.device, generator=generator)
     ok = (u * q_d <= p_d).int()  # u <= p / q without dividing by q
-    n = ok.cumprod(dim=1).sum(dim=1)  # [B]
+    n = ok.cumprod(dim=1).sum(dim=1) if forced is None else forced  # [B]
     p_n = p.gather(1, n.view(B, 1, 1).expand(B, 1, p.shape[-1])).squeeze(1)  # [B, V]
     q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)  # [B, K + 1, V]
     q_n = q_pad.gather(1, n.view(B, 1, 1).expand(B, 1, p.shape[-1])).squeeze(1)  # zero after K accepts

@@ -25,9 +25,9 @@ def streaming_indices(lens: torch.Tensor, sinks: int, out: torch.Tensor) -> torc
 
 class QuestPages:
     """Per layer and KV head, the elementwise min and max key of each page of `page` rows, kept in
-    step with the cache: the first verification pass computes every page, later passes only the
-    pages that can hold rows committed since (the last ceil((gamma + 1) / page) + 1 pages before L),
-    always over rows < L, so rolled-back rows never leak in."""
+    step with the cache: after prefill every page is computed (`full`), then each verification pass
+    recomputes only the pages that can hold rows committed since (the last ceil((gamma + 1) / page)
+    + 1 pages before L), always over rows < L, so rolled-back rows never leak in."""
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, page: int,
                  span: int, dtype: torch.dtype, device: torch.device | str):
@@ -36,7 +36,6 @@ class QuestPages:
         shape = (batch, kv_heads, self.P, head_dim)
         self.kmin = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.kmax = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.fresh: set[int] = set()
 
     def _reduce(self, kk: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """kk [B, G, n, page, D], valid [B, 1, n, page, 1] -> min, max [B, G, n, D] (0 for empty pages)."""
@@ -45,12 +44,12 @@ class QuestPages:
         some = valid.any(3)
         return torch.where(some, lo, 0), torch.where(some, hi, 0)
 
-    def refresh(self, layer: int, k: torch.Tensor, lens: torch.Tensor) -> None:
-        """Bring the pages of k [B, G, N, D] up to date for context lengths lens [B]."""
+    def refresh(self, layer: int, k: torch.Tensor, lens: torch.Tensor, full: bool = False) -> None:
+        """Bring the pages of k [B, G, N, D] up to date for context lengths lens [B]: every page
+        with `full`, else those rows committed since the last call can touch."""
         B, G, N, D = k.shape
         p, dev = self.page, k.device
-        if layer not in self.fresh:
-            self.fresh.add(layer)
+        if full:
             kk = F.pad(k, (0, 0, 0, self.P * p - N)).view(B, G, self.P, p, D)
             rows = torch.arange(self.P * p, device=dev).view(1, self.P, p)
             valid = (rows < lens.view(B, 1, 1)).view(B, 1, self.P, p, 1)

@@ -18,13 +18,16 @@ HEAD_POLICIES = ("dustin",)  # needs chosen retrieval heads (a profile, or --all
 DEFAULT_SINKS = 4
 DEFAULT_WINDOW = 64
 QUEST_PAGE = 16
+DRAFT_KV = ("full", "verify-set")  # what the draft attends while drafting
 
 
 @dataclass(frozen=True)
 class SparseConfig:
     """Verification set of S = `budget` context rows per sequence: [0, sinks) + the last `window`
     rows + top-`m` by the draft signal + the rest by the target signal. `aggregation` reduces the
-    retrieval heads' softmax over heads, queries and layers ("sum" or "max")."""
+    retrieval heads' softmax over heads, queries and layers ("sum" or "max"). `draft_kv`: the draft
+    attends its whole cache while drafting ("full"), or only the latest verification set, the
+    rows committed since and this step's drafts ("verify-set")."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -34,6 +37,7 @@ class SparseConfig:
     target_heads: tuple[Head, ...] = ()
     aggregation: str = "sum"
     page_size: int = QUEST_PAGE
+    draft_kv: str = "full"
     source: str = ""  # where it came from (a profile path, "all heads", ...), for records
 
     def __post_init__(self):
@@ -48,6 +52,8 @@ class SparseConfig:
             raise DustinError(f"aggregation must be 'sum' or 'max', got {self.aggregation!r}")
         if self.page_size < 1:
             raise DustinError("page size must be >= 1")
+        if self.draft_kv not in DRAFT_KV:
+            raise DustinError(f"draft KV must be one of {', '.join(DRAFT_KV)}, got {self.draft_kv!r}")
         for h in self.draft_heads + self.target_heads:
             if len(h) != 3 or not h[2]:
                 raise DustinError(f"retrieval head {h} must be (layer, kv_head, non-empty query_heads)")

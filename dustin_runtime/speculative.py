@@ -1,12 +1,13 @@
 """Batched speculative decoding (Leviathan et al. 2023) over static caches.
 
-One step per batch, static shapes, no host sync inside:
+One step per batch, static shapes, no host sync inside, four phases (each eager or one CUDA
+graph, `dustin_runtime.engine`):
   draft:  feed cur, d_1, .., d_gamma to the draft (gamma + 1 forwards; the last one only writes
           d_gamma's K/V and gives the lookahead queries of every verification position);
   select: the verification policy's hook (nothing for full verification);
   verify: one target forward over [cur, d_1..d_gamma];
   accept: greedy matching or rejection sampling -> n accepted and the next token per sequence;
-  commit: both caches keep cur, d_1..d_n (length += n + 1); rejected rows are dropped by length.
+          both caches keep cur, d_1..d_n (length += n + 1); rejected rows are dropped by length.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import torch
 
 from dustin_runtime.attention import AttentionBackend, default_backend
+from dustin_runtime.engine import Engine, default_engine
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import (
     PREFILL_CHUNK,
@@ -24,6 +26,8 @@ from dustin_runtime.generate import (
     cache_capacity,
     check_prompts,
     prefill,
+    start_steps,
+    use_graphs,
 )
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
@@ -33,9 +37,19 @@ from dustin_runtime.stats import DecodeStats, PhaseTimer
 
 class SpecHooks:
     """Where a verification policy plugs into the loop. The default is full verification: the
-    target's backend attends over the whole cache and no hook does anything."""
+    target's backend attends over the whole cache and no hook does anything.
+
+    Hooks run inside the loop's phases, so they follow the engine's rules (`dustin_runtime.engine`):
+    no host sync, state that outlives a step updated in place. A policy whose `key()` is not None
+    can be cached by an engine and run as CUDA graphs: an equal policy in a later call (same key)
+    is replaced by the cached one, whose buffers the graphs hold, after its `reset()`."""
 
     name = "full"
+    selects = False  # `before_verify` does work (a selection phase between drafting and verification)
+
+    def key(self) -> tuple | None:
+        """What determines the policy's captured work (None: not cacheable, run eagerly)."""
+        return (type(self).__name__,) if type(self) is SpecHooks else None
 
     def target_backend(self, default: AttentionBackend) -> AttentionBackend:
         """The backend for the target's prefill and verification passes."""
@@ -46,11 +60,17 @@ class SpecHooks:
         return default
 
     def setup(self, target_cache: KVCache, draft_cache: KVCache, gamma: int) -> None:
-        """Called once after the caches are allocated, before prefill."""
+        """Called once when the loop's buffers are built, before the first prefill."""
+
+    def reset(self) -> None:
+        """Called at the start of every call (the run statistics start again)."""
 
     def prefill_tail(self, gamma: int) -> int:
         """How many trailing prompt tokens prefill should process as their own final chunk."""
         return 0
+
+    def after_prefill(self) -> None:
+        """Called once after prefill, before the first step (eager)."""
 
     def before_draft(self) -> None:
         """Called before each drafting phase."""
@@ -73,6 +93,16 @@ def _common_vocab(target: Transformer, draft: Transformer) -> int:
     return min(target.cfg.vocab_size, draft.cfg.vocab_size)
 
 
+class AcceptReplay:
+    """Replayed acceptance: per-step accepted-draft counts [steps, B] that replace the accept
+    decision (drafting, selection, verification and the cache advance run as usual; the token
+    after the accepted drafts is the target's, as in a real run). Used to time the loop with
+    random weights, which accept nothing, at a realistic acceptance (`dustin bench e2e`)."""
+
+    def __init__(self, counts: torch.Tensor):
+        self.counts = counts  # [steps, B] int64 (cpu or device)
+
+
 @torch.inference_mode()
 def speculative_generate(
     target: Transformer,
@@ -87,13 +117,20 @@ def speculative_generate(
     seed: int = 0,
     prefill_chunk: int = PREFILL_CHUNK,
     min_new_tokens: int = 0,
-    prefilled: tuple[KVCache, KVCache, int] | None = None,
+    prefilled: tuple[KVCache, KVCache, int] | int | None = None,
+    replay: AcceptReplay | None = None,
+    cuda_graphs: bool | None = None,
+    engine: Engine | None = None,
 ) -> GenerationResult:
     """Speculative decoding of a batch of prompts of any lengths with ragged acceptance (EOS ids
     are forbidden before `min_new_tokens` new tokens, in the draft and the target alike).
+
     `prefilled` = (target cache, draft cache, rows): the first `rows` tokens of every prompt already
     prefilled with the plain backend (shared by several runs); they are copied and prefill goes on
-    from there, exactly as if it had started from zero."""
+    from there, exactly as if it had started from zero. `prefilled` = rows (an int): the engine's
+    own caches (`engine.caches`) already hold them. `replay` overrides the accept decision.
+    On CUDA the phases run as CUDA graphs unless `cuda_graphs` is False or the policy is not
+    cacheable (side measurements, traces); `engine` defaults to the model pair's."""
     if gamma < 1:
         raise DustinError("gamma must be >= 1")
     if target.device != draft.device:
@@ -103,68 +140,55 @@ def speculative_generate(
     check_prompts(prompts, max_new, draft, extra=gamma + 1)
     hooks = hooks or SpecHooks()
     device, B, V = target.device, len(prompts), _common_vocab(target, draft)
-    base = default_backend(device)
-    t_backend, d_backend = hooks.target_backend(base), hooks.draft_backend(base)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    pkey = hooks.key()
+    graphs = use_graphs(cuda_graphs, device, pkey is not None)
+    if engine is None:
+        engine = default_engine(target, draft) if graphs else Engine(target, draft)
     timer = PhaseTimer(device)
     t0 = time.perf_counter()
-    capacity = cache_capacity(prompts, max_new, gamma)
-    tcache = target.allocate_cache(B, capacity)
-    dcache = draft.allocate_cache(B, capacity)
+    tcache, dcache = engine.caches(B, cache_capacity(prompts, max_new, gamma), draft=True)
+    key = None if pkey is None else ("spec", B, tcache.max_len, gamma, sampling, min_new_tokens,
+                                     tuple(sorted(set(eos_ids))), replay is not None, pkey)
+
+    def build(st):
+        st.objs["hooks"] = hooks
+        st.objs["loop"] = _SpecLoop(target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new_tokens,
+                                    st.generator, V, replay is not None)
+        book = st.objs["loop"].book
+        st.mutable = [tcache.lengths, dcache.lengths, st.objs["loop"].cur, book.produced, book.done, book.step]
+
+    st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
+    hooks, loop = st.objs["hooks"], st.objs["loop"]
+    st.generator.manual_seed(seed)
+    loop.book.reset(max_new)
+    if replay is not None:
+        loop.load_replay(replay.counts)
+    hooks.reset()
     start = 0
-    if prefilled is not None:
+    if isinstance(prefilled, tuple):
         start = prefilled[2]
         for dst, src in zip((tcache, dcache), prefilled[:2], strict=True):
             for a, b in zip(dst.k + dst.v, src.k + src.v, strict=True):
                 a[:, :, :start].copy_(b[:, :, :start])
-            dst.lengths.fill_(start)
-    hooks.setup(tcache, dcache, gamma)
+    elif prefilled is not None:
+        start = prefilled
+    for c in (tcache, dcache):
+        c.lengths.fill_(start)
     with timer.phase("prefill"):
         tail = hooks.prefill_tail(gamma)
-        prefill(target, tcache, prompts, t_backend, chunk=prefill_chunk, tail=tail, start=start)
-        prefill(draft, dcache, prompts, d_backend, chunk=prefill_chunk, tail=tail, start=start)
-    book = Bookkeeper(prompts, max_new, eos_ids, gamma + 1, device, min_new_tokens)
-    cur = torch.tensor([p[-1] for p in prompts], device=device)
-    steps = 0
-    while not book.all_done():
-        with timer.phase("draft"):
-            hooks.before_draft()
-            tok, drafted, qs = cur, [], []
-            for i in range(gamma):
-                logits = draft(tok.view(-1, 1), dcache, d_backend, phase="draft")[..., :V]
-                logits = book.mask_early_stops(logits, offset=i)[:, -1]
-                dcache.advance(1)
-                if sampling.greedy:
-                    tok = logits.argmax(-1)
-                else:
-                    q = probs_from_logits(logits, sampling)
-                    tok = sample(q, gen)
-                    qs.append(q)
-                drafted.append(tok)
-            draft(tok.view(-1, 1), dcache, d_backend, phase="draft", logits="none")
-            d = torch.stack(drafted, dim=1)  # [B, gamma]
-            vt = torch.cat([cur.view(-1, 1), d], dim=1)  # [B, gamma + 1]
-            hooks.drafted(vt)
-        with timer.phase("select"):
-            hooks.before_verify()
-        with timer.phase("verify"):
-            logits = book.mask_early_stops(target(vt, tcache, t_backend, phase="verify")[..., :V])  # [B, g+1, V]
-        with timer.phase("other"):
-            q_all = torch.stack(qs, dim=1) if qs else None
-            n, nxt = speculative_accept(d, q_all, logits, sampling, gen)
-            emitted = torch.cat([d, torch.zeros_like(nxt).view(-1, 1)], dim=1)
-            emitted.scatter_(1, n.view(-1, 1), nxt.view(-1, 1))  # [B, gamma + 1]
-            live = ~book.done
-            advance = book.emit(emitted, n + 1)
-            tcache.advance(advance.to(torch.int32))
-            dcache.set_lengths(tcache.lengths)
-            cur = torch.where(advance > 0, nxt, cur)
-            book.accepted.append(torch.where(live, n, torch.full_like(n, -1)))
-            hooks.after_verify(n, advance)
+        prefill(target, tcache, prompts, loop.t_backend, chunk=prefill_chunk, tail=tail, start=start)
+        prefill(draft, dcache, prompts, loop.d_backend, chunk=prefill_chunk, tail=tail, start=start)
+        hooks.after_prefill()
+    loop.cur.copy_(torch.tensor([p[-1] for p in prompts]))
+    steps, t_steps = 0, start_steps(device)
+    while not loop.book.all_done():
+        for phase, fn in loop.phases.items():
+            with timer.phase("other" if phase == "accept" else phase):
+                st.graphs.run(phase, fn)
         steps += 1
-    tokens, reasons = book.results(max_new)
-    accepted = torch.stack(book.accepted).cpu().tolist() if book.accepted else []
-    seconds = timer.totals()
+    seconds = {"steps": time.perf_counter() - t_steps}
+    tokens, reasons = loop.book.results(max_new)
+    seconds.update(timer.totals())
     seconds["total"] = time.perf_counter() - t0
     stats = DecodeStats(
         mode="speculative",
@@ -174,8 +198,78 @@ def speculative_generate(
         steps=steps,
         gamma=gamma,
         seconds=seconds,
-        accepted=accepted,
+        accepted=loop.book.accepted_rows(steps),
         policy=hooks.name,
         extra=hooks.summary(),
+        cuda_graphs=st.graphs.enabled,
+        accept_source="replayed" if replay is not None else "model",
     )
     return GenerationResult(tokens, reasons, stats)
+
+
+class _SpecLoop:
+    """The phases of one speculative step over static buffers (see the module docstring)."""
+
+    def __init__(self, target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new, generator, V,
+                 replayed: bool):
+        device, B = target.device, tcache.batch
+        self.target, self.draft, self.tcache, self.dcache, self.hooks = target, draft, tcache, dcache, hooks
+        self.gamma, self.sampling, self.gen, self.V = gamma, sampling, generator, V
+        base = default_backend(device)
+        self.t_backend, self.d_backend = hooks.target_backend(base), hooks.draft_backend(base)
+        hooks.setup(tcache, dcache, gamma)
+        self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new)
+        self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
+        self.replay = torch.zeros(tcache.max_len + 1, B, dtype=torch.long, device=device) if replayed else None
+        self.step: dict[str, torch.Tensor] = {}  # values passed between the phases of one step
+        self.phases = {"draft": self.draft_phase, "select": hooks.before_verify, "verify": self.verify_phase,
+                       "accept": self.accept_phase}
+        if not hooks.selects:  # nothing to run between drafting and verification (and no empty graph)
+            del self.phases["select"]
+
+    def load_replay(self, counts: torch.Tensor) -> None:
+        """Replayed accepted counts [steps, B] for this call (clamped to [0, gamma]; the last row
+        repeats if the call runs longer)."""
+        n = self.replay.shape[0]
+        c = counts.to(self.replay.device, torch.long).clamp(0, self.gamma)[:n]
+        self.replay[: c.shape[0]].copy_(c)
+        self.replay[c.shape[0]:].copy_(c[-1:].expand(n - c.shape[0], -1))
+
+    def draft_phase(self) -> None:
+        """gamma + 1 draft forwards (the last only writes d_gamma's K/V and gives the lookahead
+        queries of every verification position), with the token choice of each."""
+        self.hooks.before_draft()
+        tok, drafted, qs = self.cur, [], []
+        for i in range(self.gamma):
+            logits = self.draft(tok.view(-1, 1), self.dcache, self.d_backend, phase="draft")[..., : self.V]
+            logits = self.book.mask_early_stops(logits, offset=i)[:, -1]
+            self.dcache.advance(1)
+            if self.sampling.greedy:
+                tok = logits.argmax(-1)
+            else:
+                q = probs_from_logits(logits, self.sampling)
+                tok = sample(q, self.gen)
+                qs.append(q)
+            drafted.append(tok)
+        self.draft(tok.view(-1, 1), self.dcache, self.d_backend, phase="draft", logits="none")
+        d = torch.stack(drafted, dim=1)  # [B, gamma]
+        self.step.update(d=d, vt=torch.cat([self.cur.view(-1, 1), d], dim=1),  # [B, gamma + 1]
+                         q=torch.stack(qs, dim=1) if qs else None)
+        self.hooks.drafted(self.step["vt"])
+
+    def verify_phase(self) -> None:
+        logits = self.target(self.step["vt"], self.tcache, self.t_backend, phase="verify")[..., : self.V]
+        self.step["logits"] = self.book.mask_early_stops(logits)  # [B, gamma + 1, V]
+
+    def accept_phase(self) -> None:
+        """Acceptance, emission and the ragged advance of both caches."""
+        d = self.step["d"]
+        forced = None if self.replay is None else self.replay.index_select(0, self.book.step).view(-1)
+        n, nxt = speculative_accept(d, self.step["q"], self.step["logits"], self.sampling, self.gen, forced=forced)
+        emitted = torch.cat([d, torch.zeros_like(nxt).view(-1, 1)], dim=1)
+        emitted.scatter_(1, n.view(-1, 1), nxt.view(-1, 1))  # [B, gamma + 1]
+        advance = self.book.emit(emitted, n + 1)
+        self.tcache.advance(advance.to(torch.int32))
+        self.dcache.set_lengths(self.tcache.lengths)
+        self.cur.copy_(torch.where(advance > 0, nxt, self.cur))
+        self.hooks.after_verify(n, advance)

@@ -54,14 +54,24 @@ class DecodeStats:
     new_tokens: list[int]
     steps: int = 0
     gamma: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)  # per phase (PHASES) and "total"
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase (PHASES), "steps" (wall), "total"
     accepted: list[list[int]] = field(default_factory=list)  # [steps][B]: drafts accepted, -1 = finished
     policy: str = "full"
     extra: dict = field(default_factory=dict)
+    cuda_graphs: bool = False  # the steps ran as CUDA graphs
+    accept_source: str = "model"  # "model" | "replayed" (`speculative.AcceptReplay`)
 
     @property
     def decode_seconds(self) -> float:
+        """Wall seconds of the decoding steps (prefill excluded)."""
+        if "steps" in self.seconds:
+            return self.seconds["steps"]
         return self.seconds.get("total", 0.0) - self.seconds.get("prefill", 0.0)
+
+    @property
+    def ms_per_step(self) -> float:
+        """Wall milliseconds per decoding step (prefill excluded)."""
+        return self.decode_seconds / self.steps * 1e3 if self.steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -87,6 +97,7 @@ class DecodeStats:
         d = asdict(self)
         d.update(
             tokens_per_s=self.tokens_per_s,
+            ms_per_step=self.ms_per_step,
             mean_accepted=self.mean_accepted,
             mean_tokens_per_step=self.mean_accepted + 1 if self.mode == "speculative" else 1.0,
             accepted_per_sequence=self.accepted_per_sequence(),

@@ -89,6 +89,7 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
     prefill(target, tcache, prompts, t_backend, tail=tail, start=shared)
     if draft is not None:
         prefill(draft, dcache, prompts, d_backend, tail=tail, start=shared)
+    hooks.after_prefill()
     ids = torch.tensor(sequences, device=device)  # [B, total]
     nll = torch.zeros(B, dtype=torch.float64, device=device)
     count, windows, p = 0, 0, context - 1  # position of `cur`

@@ -5,9 +5,11 @@
 - `srh_scores`: softmax mass of retrieval-head queries per context position, [B, N_max].
 - `select_indices`: sinks + window + top-m by one score + fill by another, sorted, exact size.
 
-Each has a `<name>_ref` pure-torch reference (fp32 math).
+Each has a `<name>_ref` pure-torch reference (fp32 math). Launchers refuse bad arguments with
+`KernelArgumentError` (a ValueError). The package imports torch and triton only.
 """
 
+from dustin_kernels._util import KernelArgumentError
 from dustin_kernels.reference import (
     full_verify_attention_ref,
     select_indices_ref,
@@ -19,6 +21,7 @@ from dustin_kernels.srh_scores import srh_scores
 from dustin_kernels.verify_attention import full_verify_attention, sparse_verify_attention
 
 __all__ = [
+    "KernelArgumentError",
     "full_verify_attention",
     "full_verify_attention_ref",
     "sparse_verify_attention",

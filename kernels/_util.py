@@ -1,4 +1,6 @@
-"""Launcher helpers shared by the kernels: input checks, SM count, self-resetting ticket counters."""
+"""Launcher helpers shared by the kernels: input checks, SM count, self-resetting ticket counters.
+
+`dustin_kernels` is a leaf package: it imports torch and triton only, never the dustin packages."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import os
 
 import torch
 
-from dustin_runtime.errors import DustinError
-
 _LOCKS: dict[tuple[str, str, int | None], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []  # grown-out lock buffers stay alive: captured graphs hold their address
+
+
+class KernelArgumentError(ValueError):
+    """A launcher's arguments do not fit its contract (shapes, dtypes, devices, sizes)."""
 
 
 def next_pow2(x: int) -> int:
@@ -23,9 +27,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 def require(cond: bool, msg: str) -> None:
-    """Raise `DustinError(msg)` unless cond (host-side shape/dtype checks only, never tensor values)."""
+    """Raise `KernelArgumentError(msg)` unless cond (host-side shape/dtype checks only, never tensor values)."""
     if not cond:
-        raise DustinError(msg)
+        raise KernelArgumentError(msg)
 
 
 def num_sms(device: torch.device) -> int:
@@ -66,7 +70,7 @@ def ticket_counters(device: torch.device, n: int, name: str = "attention") -> to
     buf = _LOCKS.get(key)
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise DustinError("dustin_kernels: run each kernel once before CUDA graph capture (warm-up)")
+            raise KernelArgumentError("dustin_kernels: run each kernel once before CUDA graph capture (warm-up)")
         if buf is not None:
             _RETIRED.append(buf)
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
@@ -78,6 +82,7 @@ def check_lens(cache_lens: torch.Tensor, B: int, device: torch.device) -> None:
     require(cache_lens.dtype == torch.int32, f"cache_lens must be int32, got {cache_lens.dtype}")
     require(tuple(cache_lens.shape) == (B,), f"cache_lens must have shape [{B}], got {list(cache_lens.shape)}")
     require(cache_lens.device == device, "cache_lens must be on the same device as q")
+    require(cache_lens.is_contiguous(), "cache_lens must be contiguous")
 
 
 def check_out(out: torch.Tensor | None, shape: tuple, dtype: torch.dtype, device: torch.device, name: str = "out"):

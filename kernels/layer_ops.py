@@ -7,7 +7,7 @@
   k, q written as [B, H, T, D], k and v written straight into the KV cache at per-sequence positions.
   On Hopper it lets the next kernel launch at once (programmatic dependent launch): the sparse
   verification kernel, launched with PDL, may then start beside it; it waits for this grid before
-  reading q and the new tokens (measured neutral at the 72B shape: kernels/NOTES.md, round 3).
+  reading q and the new tokens (measured neutral at the 72B shape, kernels/NOTES.md).
 
 Each has a `_ref` pure-torch twin with the model's reference semantics. Math is float32 inside.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dustin_kernels._util import next_pow2, pdl_supported
+from dustin_kernels._util import check_out, next_pow2, pdl_supported, require
 
 try:  # grid dependency control; absent in older Triton
     from triton.language.extra.cuda import gdc_launch_dependents
@@ -44,6 +44,8 @@ def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo,
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] as rows [n, d] (any row stride; elements of a row must be adjacent)."""
+    require(x.stride(-1) == 1, "the last dimension must be contiguous")
     return x.reshape(-1, x.shape[-1])
 
 
@@ -87,14 +89,17 @@ def _swiglu_kernel(GU, OUT, inter, sg, so, BLOCK: tl.constexpr):
     tl.store(OUT + row * so + cols, (s * u).to(OUT.dtype.element_ty), mask=mask)
 
 
-def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """gu [..., 2I] (gate | up) -> silu(gate) * up [..., I]."""
+def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gu [..., 2I] (gate | up) -> silu(gate) * up [..., I], written into `out` when given
+    (contiguous, gu's dtype and device)."""
     g2 = _rows(gu)
     inter = g2.shape[1] // 2
-    out = torch.empty(g2.shape[0], inter, dtype=gu.dtype, device=gu.device)
+    out = check_out(out, (*gu.shape[:-1], inter), gu.dtype, gu.device)
+    require(out.is_contiguous(), "out must be contiguous")
+    o2 = out.view(g2.shape[0], inter)
     block = 1024
-    _swiglu_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, g2.stride(0), out.stride(0), BLOCK=block)
-    return out.view(*gu.shape[:-1], inter)
+    _swiglu_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, o2, inter, g2.stride(0), o2.stride(0), BLOCK=block)
+    return out
 
 
 def swiglu_ref(gu: torch.Tensor) -> torch.Tensor:

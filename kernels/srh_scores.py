@@ -239,8 +239,6 @@ def srh_scores(
     num_stages: int | None = None,
     store_probs: bool | None = None,
     queries_as_m: bool | None = None,
-    probs_pad: int | None = None,
-    pass2: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
 
@@ -255,12 +253,12 @@ def srh_scores(
     (M = heads x queries: the same softmax rows, the keys read once for all of them).
     store_probs: None stores the probabilities where they are at most a quarter of the key bytes
     (4 M x their element size <= D x the keys'; storing slows pass 1 down, measured on the H200),
-    else pass 2 re-reads the keys; True / False force it (tests, probes). queries_as_m: which
-    operand is the MMA's M side in pass 1 (default: the queries from 64 rows up). probs_pad:
-    elements added to a stored tile's row stride (default 1: an unaligned row is stored straight
-    from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory shuffle). pass2 (block_n, num_warps, num_stages, programs per sequence)
-    tunes the second pass separately (from stored probabilities only num_warps and the program
-    count apply; default: pass 1's settings, 4 x SMs / B programs, 16 x SMs / B from stored ones).
+    else pass 2 re-reads the keys; True / False force either path. queries_as_m: which operand is
+    the MMA's M side in pass 1 (default: the queries from 64 rows up). Pass 2 runs with pass 1's
+    block, warps and stages over 4 x SMs / B programs per sequence (16 x SMs / B from stored
+    probabilities). A stored tile's rows are one element longer than the block: an unaligned row is
+    stored straight from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory
+    shuffle (measured on the H200).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -271,7 +269,7 @@ def srh_scores(
     require(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
     require(kv_heads.dtype == torch.int32 and tuple(kv_heads.shape) == (HS,),
             f"kv_heads must be int32 [{HS}], got {kv_heads.dtype} {list(kv_heads.shape)}")
-    require(kv_heads.device == q.device, "kv_heads must be on the same device as q")
+    require(kv_heads.device == q.device and kv_heads.is_contiguous(), "kv_heads must be contiguous, on q's device")
     check_lens(cache_lens, B, q.device)
     require(not accumulate or out is not None, "accumulate=True needs out")
     N = k_cache.shape[2]
@@ -279,7 +277,7 @@ def srh_scores(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     BLOCK_M = max(16, next_pow2(M))
     BLOCK_D = max(16, next_pow2(D))
-    if block_n is None:  # measured on the H200 (results/bench/probe-srh-*.json): 128 at 5 and at 40 queries
+    if block_n is None:  # measured on the H200 (kernels/NOTES.md): 128 at 5 and at 40 queries
         block_n = 128
     if num_warps is None:
         num_warps = 4
@@ -299,9 +297,9 @@ def srh_scores(
     qk_scale = scale * LOG2E
     p_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
     p_size = torch.finfo(p_dtype).bits // 8
-    if store_probs is None:  # measured (probe-srh-round4b-*.json): with stores pass 1 runs at ~60% of bandwidth, ~90% without
+    if store_probs is None:  # measured (kernels/NOTES.md): with stores pass 1 runs at ~60% of bandwidth, ~90% without
         store_probs = 4 * M * p_size <= D * k_cache.element_size()
-    pstride = block_n + (1 if probs_pad is None else int(probs_pad))  # odd: stores straight from the MMA layout
+    pstride = block_n + 1  # unaligned rows: stored straight from the MMA layout
     store_probs = bool(store_probs) and B * HS * M * n_blocks * pstride * p_size <= PROBS_MAX_BYTES
     pr = torch.empty(B * HS * M * n_blocks * pstride if store_probs else 1, dtype=p_dtype, device=q.device)
     cb = torch.empty(B * HS * n_blocks * BLOCK_M if store_probs else 1, dtype=torch.float32, device=q.device)
@@ -312,21 +310,20 @@ def srh_scores(
         STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, num_warps=num_warps, num_stages=num_stages,
     )
     p2 = cdiv((16 if store_probs else 4) * num_sms(q.device), B)  # stored: a few blocks per program
-    bn2, w2, st2, p2 = pass2 or (block_n, num_warps, num_stages, p2)
     if store_probs:
         per_prog = cdiv(n_blocks, max(1, min(p2, n_blocks)))
         _srh_prob_kernel[(cdiv(n_blocks, per_prog), B)](
             pr, cb, cache_lens, lse, out, N, n_blocks, per_prog, *out.stride(),
             HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_n, PSTRIDE=pstride,
-            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=w2, num_stages=st2,
+            REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=num_warps, num_stages=num_stages,
         )
         return out
-    chunk2 = cdiv(cdiv(N, max(1, min(p2, cdiv(N, bn2)))), bn2) * bn2
+    chunk2 = cdiv(cdiv(N, max(1, min(p2, cdiv(N, block_n)))), block_n) * block_n
     _srh_score_kernel[(cdiv(N, chunk2), B)](
         q, kv_heads, k_cache, cache_lens, lse, out, qk_scale, chunk2, N, B,
         *q.stride(), *k_cache.stride(), *out.stride(),
-        HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=bn2, BLOCK_D=BLOCK_D,
+        HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
         REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, PREC=prec,
-        num_warps=w2, num_stages=st2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

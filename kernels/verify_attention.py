@@ -13,15 +13,12 @@ program, so the counters stay zero between launches (see `_util.ticket_counters`
 Scratch: the partials are allocated with `torch.empty` on each call (allowed under CUDA graph
 capture; the graph's pool keeps them). Launchers never read tensor values on the host.
 
-Programmatic dependent launch (sparse kernel, default where supported: Hopper and newer, a Triton
-with `gdc_wait` and `launch_pdl`): the kernel is launched while the previous kernel on the stream
+Programmatic dependent launch (sparse kernel, where supported: Hopper and newer, a Triton with
+`gdc_wait` and `launch_pdl`): the kernel is launched while the previous kernel on the stream
 finishes and waits for it (`gdc_wait`) before it reads q, cache_lens, the new tokens, the indices
 and the rows they name, and before any write; it signals its own dependents only after that wait.
-Optionally (`prefetch`, off by default: measured slower at budgets >= 512, see kernels/NOTES.md)
-a program first reads its first `pf_rows` indices and asks L2 for those K/V rows (prefetch hints,
-before the wait: the early index reads only steer hints, so no result depends on them).
-Optionally (`early`, off by default) a program also loads its first indexed context rows before
-the wait; see `sparse_verify_attention` for when that is allowed.
+L2 prefetch hints, context rows loaded before the wait and several programs per (b, g) were
+measured slower on the H200 (kernels/NOTES.md) and are not part of the kernel.
 """
 
 from __future__ import annotations
@@ -65,22 +62,9 @@ def _update(q, k, v, allowed, m_i, l_i, acc, qk_scale, DT: tl.constexpr, PREC: t
 
 
 @triton.jit
-def _prefetch_l2(ptrs, nbytes, BULK: tl.constexpr):
-    """L2 prefetch: nbytes from each address (BULK, Hopper's bulk prefetch), else the 128-byte line
-    of each address. A hint: no result, no effect on any value."""
-    if BULK:
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [ptrs, tl.full(ptrs.shape, nbytes, tl.int32)], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
 def _verify_attn_kernel(
     Q, K, V, KN, VN, IDX, LENS, OUT, WACC, WML, LOCKS,
-    qk_scale, n_cols, chunk, n_splits, pf_rows, row_bytes,
+    qk_scale, n_cols, chunk, n_splits,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     svb, svg, svn, svd,
@@ -90,26 +74,20 @@ def _verify_attn_kernel(
     sob, soh, som, sod,
     G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
-    SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr,
-    HSPLIT: tl.constexpr = 1, PREFETCH: tl.constexpr = 0, PF_BLOCK: tl.constexpr = 16, PF_LINES: tl.constexpr = 1,
-    PF_LINE_ELEMS: tl.constexpr = 64, GDC: tl.constexpr = False, COMBINE_STAGES: tl.constexpr = 1,
-    EARLY: tl.constexpr = 0,
+    SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr, GDC: tl.constexpr = False,
 ):
     split = tl.program_id(0)
-    g = tl.program_id(1) // HSPLIT  # HSPLIT programs share the K/V rows of group g, each with a
-    hs = tl.program_id(1) % HSPLIT  # slice of its query rows (the second reads hit L2)
+    g = tl.program_id(1)
     b = tl.program_id(2)
     b64 = b.to(tl.int64)
     g64 = g.to(tl.int64)
     DT: tl.constexpr = K.dtype.element_ty
-    ROWS: tl.constexpr = (HG * M + HSPLIT - 1) // HSPLIT
 
-    rl = tl.arange(0, BLOCK_Q)  # this program's query rows
-    rq = hs * ROWS + rl  # query row = local head * M + query index
+    rl = tl.arange(0, BLOCK_Q)  # query row = local head * M + query index
     rd = tl.arange(0, BLOCK_D)
-    qrow = (rl < ROWS) & (rq < HG * M)
-    mq = rq % M
-    hq = g * HG + rq // M
+    qrow = rl < HG * M
+    mq = rl % M
+    hq = g * HG + rl // M
     dmask = rd < D
     qptrs = Q + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd
     qmask = qrow[:, None] & dmask[None, :]  # [BQ, BD]
@@ -120,23 +98,6 @@ def _verify_attn_kernel(
     if SPARSE:
         hi = tl.minimum(lo + chunk, n_cols)
         ib = IDX + b64 * sib + g64 * sig
-        if PREFETCH > 0:  # ask L2 for this program's first pf_rows K/V rows at once (hints only)
-            for s0 in range(lo, tl.minimum(hi, lo + pf_rows), PF_BLOCK):
-                offs = s0 + tl.arange(0, PF_BLOCK)
-                r = tl.maximum(tl.load(ib + offs * sis, mask=offs < hi, other=0), 0)
-                if PREFETCH == 2:
-                    _prefetch_l2(kb + r * skn, row_bytes, True)
-                    _prefetch_l2(vb + r * svn, row_bytes, True)
-                else:  # one prefetch per 128-byte line of each row
-                    line = tl.arange(0, PF_LINES) * PF_LINE_ELEMS
-                    _prefetch_l2(kb + r[:, None] * skn + line[None, :], row_bytes, False)
-                    _prefetch_l2(vb + r[:, None] * svn + line[None, :], row_bytes, False)
-        if EARLY > 0:  # the first EARLY indexed context rows, loaded before the wait (module doc)
-            e_offs = lo + tl.arange(0, EARLY)
-            e_rows = tl.load(ib + e_offs * sis, mask=e_offs < hi, other=-1)
-            e_mask = (e_rows >= 0)[:, None] & dmask[None, :]
-            k_early = tl.load(kb + e_rows[:, None] * skn + rd[None, :] * skd, mask=e_mask, other=0.0)
-            v_early = tl.load(vb + e_rows[:, None] * svn + rd[None, :] * svd, mask=e_mask, other=0.0)
     if GDC:  # programmatic dependent launch: everything below may depend on the previous kernel
         gdc_wait()
         gdc_launch_dependents()
@@ -160,10 +121,7 @@ def _verify_attn_kernel(
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     if not SPARSE:
         hi = tl.minimum(lo + chunk, L)
-    if SPARSE and EARLY > 0:
-        m_i, l_i, acc = _update(q, k_early.to(tl.float32), v_early.to(tl.float32), (e_rows >= 0)[None, :],
-                                m_i, l_i, acc, qk_scale, DT, PREC)
-    for start in range(lo + EARLY, hi, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         if SPARSE:
             rows = tl.load(ib + offs * sis, mask=offs < hi, other=-1)
@@ -184,7 +142,7 @@ def _verify_attn_kernel(
     if n_splits == 1:  # an int argument equal to 1 is specialised: this branch folds at compile time
         tl.store(optrs, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=omask)
     else:
-        pair = (b * G + g) * HSPLIT + hs
+        pair = b * G + g
         slot = (pair * n_splits + split).to(tl.int64)
         wq = rl[:, None] * BLOCK_D + rd[None, :]
         tl.store(WACC + slot * (BLOCK_Q * BLOCK_D) + wq, acc, mask=omask)
@@ -196,7 +154,7 @@ def _verify_attn_kernel(
             m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
             l_r = tl.zeros([BLOCK_Q], tl.float32)
             a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-            for s in tl.range(0, n_splits, num_stages=COMBINE_STAGES):  # > 1: pipelined (not faster)
+            for s in tl.range(0, n_splits, num_stages=1):  # serial: a pipelined combine was not faster
                 ws = (pair * n_splits + s).to(tl.int64)
                 m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rl, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
                 l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rl, mask=qrow, other=0.0, cache_modifier=".cg")
@@ -232,33 +190,33 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
 
 
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
-            sparse, num_splits, block_n, num_warps, num_stages, pdl=None, head_split=None, prefetch=None,
-            combine_stages=1, early=0, prefetch_rows=None):
+            sparse, num_splits, block_n, num_warps, num_stages):
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
-    early = int(early or 0) if sparse else 0
-    require(early == 0 or early == next_pow2(early) and early >= 16, f"early must be 0 or a power of two >= 16, got {early}")
     out = check_out(out, (B, H, M, D), q.dtype, q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    hsplit = max(1, min(int(head_split or 1), HG * M))
-    BLOCK_Q = max(16, next_pow2(cdiv(HG * M, hsplit)))
+    BLOCK_Q = max(16, next_pow2(HG * M))
     BLOCK_D = max(16, next_pow2(D))
     BLOCK_NEW = max(16, next_pow2(M))
     span = n_cols if sparse else k_cache.shape[2]  # rows to split (host-known bound)
     sms = num_sms(q.device)
+    decode = not sparse and BLOCK_Q <= 16  # few query rows per group (a decode step): long, light programs
     if num_splits is None:  # measured on the H200, see kernels/NOTES.md
         if sparse:  # fill the GPU once, no more: every extra split adds a partial and the combine
-            num_splits = max(1, min(sms // (B * G * hsplit), cdiv(max(span, 1), 32)))
+            num_splits = max(1, min(sms // (B * G), cdiv(max(span, 1), 32)))
+        elif decode:  # at most 2 programs per SM: one wave (a few programs of a second wave cost a whole one)
+            num_splits = max(1, min(2 * sms // (B * G), cdiv(max(span, 1), 32)))
         elif B * G * 4 <= sms:  # small batch: ~2 programs per SM, so the serial combine stays short
             num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
         else:  # ~6 programs per SM for the full cache
             num_splits = max(1, min(round(6 * sms / (B * G)), cdiv(max(span, 1), 32)))
     if block_n is None:
         block_n = 32 if not sparse else min(128, max(32, next_pow2(cdiv(max(span, 1), num_splits))))
+        if decode and BLOCK_D <= 64:  # short rows: more of them per step keeps enough bytes in flight
+            block_n = 128
     if num_stages is None:
         num_stages = 3 if block_n >= 128 else 4
-        # the early K/V tiles also pass through shared memory
-        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q + 2 * early) * BLOCK_D * q.element_size() + 9 * 1024  # noqa: E731
+        smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q) * BLOCK_D * q.element_size() + 9 * 1024  # noqa: E731
         while smem(block_n, num_stages) > 226 * 1024 and (num_stages > 2 or block_n > 16):
             if num_stages > 2:  # stay inside the 227 KB of shared memory a block may use
                 num_stages -= 1
@@ -268,26 +226,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     splits = max(1, cdiv(max(span, 1), chunk))
     if num_warps is None:
         num_warps = 8 if BLOCK_Q >= 128 else 4
-    esize = q.element_size()
-    row_bytes = D * esize
-    if prefetch is None:  # off: slower at S >= 512 on the H200 (kernels/NOTES.md, round 2)
-        prefetch = 0
-    if not (sparse and q.is_cuda and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and row_bytes % 16 == 0):
-        prefetch = 0  # hints need a GPU, contiguous rows; the bulk form 16-byte multiples
-    if prefetch == 2 and not pdl_supported(q.device):
-        prefetch = 1  # the bulk prefetch is a Hopper instruction
-    pf_rows = 0
-    if prefetch:  # what the L2 can hold for all programs at once, rounded to the prefetch block
-        l2 = getattr(torch.cuda.get_device_properties(q.device), "L2_cache_size", 50 << 20)
-        per_row = 2 * row_bytes * B * G * hsplit * splits
-        pf_rows = min(chunk, max(16, int(0.6 * l2 // per_row) // 16 * 16))
-        if prefetch_rows is not None:
-            pf_rows = min(chunk, max(16, int(prefetch_rows)))
-    pf_block = min(512, max(16, next_pow2(pf_rows)))
-    if pdl is None:
-        pdl = sparse
-    gdc = bool(pdl) and sparse and pdl_supported(q.device)
-    pairs = B * G * hsplit
+    gdc = sparse and pdl_supported(q.device)  # measured: 0.6 us faster per call on the H200
+    pairs = B * G
     if splits > 1:
         wacc = torch.empty(pairs * splits * BLOCK_Q * BLOCK_D, dtype=torch.float32, device=q.device)
         wml = torch.empty(pairs * splits * 2 * BLOCK_Q, dtype=torch.float32, device=q.device)
@@ -302,16 +242,14 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     else:
         isb, isg, iss = idx.stride()
     extra = {"launch_pdl": True} if gdc else {}
-    _verify_attn_kernel[(splits, G * hsplit, B)](
+    _verify_attn_kernel[(splits, G, B)](
         q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
-        scale * LOG2E, n_cols, chunk, splits, pf_rows, row_bytes,
+        scale * LOG2E, n_cols, chunk, splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn.stride(), *vn.stride(),
         isb, isg, iss, *out.stride(),
         G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        HSPLIT=hsplit, PREFETCH=prefetch, PF_BLOCK=pf_block, PF_LINES=cdiv(row_bytes, 128),
-        PF_LINE_ELEMS=128 // esize, GDC=gdc, COMBINE_STAGES=combine_stages, EARLY=early,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", GDC=gdc,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
@@ -359,11 +297,6 @@ def sparse_verify_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    pdl: bool | None = None,
-    head_split: int | None = None,
-    prefetch: int | None = None,
-    early: int = 0,
-    prefetch_rows: int | None = None,
 ) -> torch.Tensor:
     """Attention of M verification queries over a selected set of cache rows: [B, H, M, D].
 
@@ -372,15 +305,8 @@ def sparse_verify_attention(
     0..j (same new-token convention as `full_verify_attention`). Each selected K/V row is loaded
     once for all query heads of its group and all M queries; the set is split across programs
     when B * G alone cannot fill the GPU, and the partials are combined in the same launch.
-    pdl (default on where supported) lets the kernel's start overlap the previous kernel (module
-    doc); prefetch (0 off (default), 1 per line, 2 bulk) asks L2 for the selected rows up front;
-    head_split > 1 gives each group's query rows to that many programs that read the same K/V
-    rows. early (a power of two >= 16, 0 off (default)) loads each program's first `early` indexed
-    context rows before the PDL wait: only for index sets and context rows that the kernel just
-    before on the stream does not write (a per-step global set is fine; a set computed by the
-    previous kernel is not). prefetch_rows overrides how many rows `prefetch` hints. early,
-    prefetch and head_split were measured slower than the defaults on the H200 (kernels/NOTES.md).
-    Other tuning keywords as in `full_verify_attention`.
+    Where supported the launch overlaps the previous kernel's tail (module doc). Tuning keywords
+    as in `full_verify_attention`.
     """
     B = q.shape[0]
     G = k_cache.shape[1] if k_cache.dim() == 4 else 0
@@ -389,5 +315,4 @@ def sparse_verify_attention(
             f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
     require(indices.device == q.device, "indices must be on the same device as q")
     return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
-                   True, num_splits, block_n, num_warps, num_stages, pdl, head_split, prefetch, early=early,
-                   prefetch_rows=prefetch_rows)
+                   True, num_splits, block_n, num_warps, num_stages)

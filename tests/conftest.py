@@ -1,9 +1,13 @@
-"""Test setup: the Triton interpreter on machines without a GPU, the `gpu` marker, and the shared
-fixtures: tiny checkpoints (real or small tokenizers), a tiny GGUF, hand-written profiles, and the
-one-line-error check of the CLI."""
+"""Test setup: the Triton interpreter on machines without a GPU, the `gpu` marker, and the
+fixtures shared across test folders (tiny random checkpoints, small ones with a 1024-token
+tokenizer, a tiny GGUF, hand-written profiles, the real SmolLM2, ../shared, the `dustin` command in
+a subprocess). Tests take these as fixtures; no test imports another."""
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dustin/cli.py: set before torch loads OpenMP
 
@@ -12,6 +16,8 @@ import torch  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -89,6 +95,18 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(name="make_tiny_hf", scope="session")
+def make_tiny_hf_fixture():
+    """`make_tiny_hf(kind, folder, seed=0, **overrides)`: save a tiny random checkpoint to folder."""
+    return make_tiny_hf
+
+
+@pytest.fixture(params=sorted(TINY))
+def tiny_kind(request):
+    """Each tiny configuration of `TINY` in turn (llama3, mistral, qwen2, qwen2-yarn, qwen3)."""
+    return request.param
+
+
 @pytest.fixture
 def tiny_hf(tmp_path):
     """Factory: tiny_hf(kind, **overrides) -> (folder, hf_model)."""
@@ -98,6 +116,55 @@ def tiny_hf(tmp_path):
         return folder, make_tiny_hf(kind, folder, seed, **overrides)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_with_tokenizer(shared_dir):
+    """Factory: tiny_with_tokenizer(folder, family, **overrides) -> folder: a tiny random checkpoint
+    with the real Llama-3 ("llama3") or Qwen3 ("qwen3") tokenizer from ../shared."""
+
+    def make(folder, family: str, **overrides):
+        vocab = {"llama3": 128256, "qwen3": 151669}[family]
+        kind = "llama3" if family == "llama3" else "qwen2"
+        make_tiny_hf(kind, folder, vocab_size=vocab, hidden_size=32, num_attention_heads=4,
+                     num_key_value_heads=2, tie_word_embeddings=True, **overrides)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(shared_dir / "tokenizers" / family / f, folder / f)
+        return folder
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """run_cli(*args, ok=False, timeout=600): `python -m dustin.cli *args` in a subprocess (one
+    intra-op thread); ok=True asserts exit code 0."""
+
+    def run(*args, ok: bool = False, timeout: int = 600):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        p = subprocess.run([sys.executable, "-m", "dustin.cli", *map(str, args)], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        if ok:
+            assert p.returncode == 0, p.stderr
+        return p
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def assert_one_line_error():
+    """assert_one_line_error(p, *needles, code=None): no traceback, exit `code` (any non-zero when
+    None), one stderr line holding every needle."""
+
+    def check(p, *needles, code: int | None = None):
+        assert "Traceback" not in p.stderr + p.stdout, p.stderr
+        assert p.returncode == code if code is not None else p.returncode != 0, (p.returncode, p.stderr)
+        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1, p.stderr
+        for n in needles:
+            assert n in lines[0], lines[0]
+
+    return check
 
 
 @pytest.fixture(scope="session")
@@ -113,49 +180,44 @@ def smollm2():
     return model, ckpt
 
 
-SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def _shared(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared is not checked out beside the repo)")
+    return path
 
 
 @pytest.fixture(scope="session")
 def shared_dir():
     """../shared (read-only data); skips when absent."""
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent")
-    return SHARED
-
-
-# ---- tiny checkpoints with real tokenizers, a tiny GGUF, and the one-line-error check of the CLI ----
-
-def tiny_with_tokenizer(folder, shared, family, **overrides):
-    """A tiny random checkpoint with a real tokenizer (`family`: llama3 or qwen3) from ../shared."""
-    import shutil
-
-    vocab = {"llama3": 128256, "qwen3": 151669}[family]
-    kind = "llama3" if family == "llama3" else "qwen2"
-    seed = overrides.pop("seed", 0)
-    make_tiny_hf(kind, folder, seed, **{"vocab_size": vocab, "hidden_size": 32, "num_attention_heads": 4,
-                                        "num_key_value_heads": 2, "tie_word_embeddings": True, **overrides})
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(shared / "tokenizers" / family / f, folder / f)
-    return folder
-
-
-def tiny_pair(root, shared):
-    """{"target", "draft", "other"}: tiny Llama-3 checkpoints sharing the Llama-3 tokenizer (the draft
-    with 1 layer and 1 KV head, "other" a 3-layer target)."""
-    out = {}
-    for name, overrides in (("target", {}), ("draft", {"num_hidden_layers": 1, "num_attention_heads": 2,
-                                                       "num_key_value_heads": 1}),
-                            ("other", {"num_hidden_layers": 3})):
-        out[name] = tiny_with_tokenizer(root / name, shared, "llama3", seed=len(out), **overrides)
-    return out
+    return _shared()
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory, shared_dir):
-    """One tiny target/draft/other set per session (see `tiny_pair`)."""
-    return tiny_pair(tmp_path_factory.mktemp("tiny-models"), shared_dir)
+def qwen3_tokenizer_dir():
+    return _shared("tokenizers", "qwen3")
 
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir():
+    return _shared("tokenizers", "llama3")
+
+
+@pytest.fixture(scope="session")
+def multi_news_jsonl():
+    """LongBench's multi_news.jsonl (200 samples)."""
+    return _shared("longbench", "multi_news.jsonl")
+
+
+@pytest.fixture(scope="session")
+def gutenberg_eval_dir():
+    return _shared("corpus", "gutenberg", "eval")
+
+
+# ---- a tiny GGUF, small checkpoints with a 1024-token tokenizer, hand-written profiles ----
 
 def make_tiny_gguf(path, n_vocab: int = 1024, layers: int = 1, hidden: int = 16, heads: int = 2, ff: int = 32):
     """A ~100 KB llama GGUF (float32 random weights) whose tokenizer is the first `n_vocab` tokens of
@@ -259,7 +321,15 @@ def small_models(tmp_path_factory, small_tokenizer):
     return out
 
 
-def write_profile(path, target, draft, *, heads=True, **over):
+@pytest.fixture(scope="session")
+def write_profile():
+    """write_profile(path, target, draft, *, heads=True, **over) -> path: a hand-written valid profile
+    JSON for the (target, draft) folders, one head in each model (none without `heads`), fields
+    overridden by `over`."""
+    return _write_profile
+
+
+def _write_profile(path, target, draft, *, heads=True, **over):
     """A hand-written valid profile JSON for the (target, draft) folders: one head in each model
     (none without `heads`), fields overridden by `over`."""
     from dustin_profile.artifact import HeadChoice, Profile, model_info
@@ -282,14 +352,3 @@ def write_profile(path, target, draft, *, heads=True, **over):
     d = {**prof.to_dict(), **over}
     path.write_text(json.dumps(d))
     return path
-
-
-def assert_one_line_error(p, *needles, code: int | None = None):
-    """A CLI run (`returncode`, `stdout`, `stderr`) that failed with exactly one non-empty stderr line
-    containing every needle, no traceback, and exit `code` when given (else any non-zero)."""
-    assert "Traceback" not in p.stderr + p.stdout, p.stderr
-    assert p.returncode == code if code is not None else p.returncode != 0, (p.returncode, p.stderr)
-    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]

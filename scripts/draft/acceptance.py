@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -57,6 +56,7 @@ def main() -> None:
 
     from dustin_runtime import pipeline
     from dustin_runtime.generate import generate
+    from dustin_runtime.provenance import git_commit
     from dustin_runtime.sampling import SamplingConfig
     from dustin_runtime.speculative import speculative_generate
     from dustin_runtime.tokenizer import eos_ids
@@ -89,13 +89,12 @@ def main() -> None:
                      "tokens": len(ar.tokens[0])}
             print("greedy check:", check, flush=True)
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
         "schema_version": 1,
         "command": "python " + " ".join(sys.argv),
         "target": tgt.model_id, "draft": drf.model_id, "device": args.device,
         "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-        "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "git_commit": commit,
+        "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "git_commit": git_commit(),
         "gamma": args.gamma, "sampling": "greedy", "verification": "full", "offset": args.offset,
         "new_tokens": args.new, "results": rows, "greedy_check": check,
     }

@@ -6,7 +6,6 @@ import importlib.util
 import os
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = None  # filled in from the file itself; the device call checks the reassembled copy
 DOC_SEP = 0  # <|endoftext|>: separates books in the training stream (SmolLM2 pretraining style)
 
 

@@ -16,10 +16,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 
 import torch
 from common import draft_config, load_tokenizer
+
+from dustin_runtime.provenance import git_commit
 
 
 def reassemble(run: str) -> bytes:
@@ -113,12 +114,8 @@ def main() -> None:
     os.makedirs(args.results, exist_ok=True)
     shutil.copy(os.path.join(args.run, "train_log.jsonl"), os.path.join(args.results, "train_log.jsonl"))
     plot_curve(os.path.join(args.run, "train_log.jsonl"), os.path.join(args.results, "loss_curve.png"))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
     metrics["export"] = {"model_dir": args.model, "folder_bytes": size, "weights_sha256": sha,
-                         "git_commit": commit, "files": sorted(os.listdir(args.model))}
+                         "git_commit": git_commit(), "files": sorted(os.listdir(args.model))}
     with open(os.path.join(args.results, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
     print(f"wrote {args.results}/metrics.json, train_log.jsonl, loss_curve.png")

@@ -8,8 +8,6 @@ import shutil
 
 import pytest
 
-from tests.conftest import assert_one_line_error, write_profile
-
 LATIN1 = "caf\xe9 cr\xe8me, na\xefve".encode("latin-1")  # not UTF-8
 DEEP = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested deeper than the parser recurses
 
@@ -34,7 +32,7 @@ def bad_checkpoint(root, name, target, *, config=None, weights=None, tokenizer=T
 
 
 @pytest.fixture(scope="module")
-def S(tmp_path_factory, small_models, tiny_gguf):
+def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
     """The paths the cases name: tiny models (T, D, O, short, alien), a tiny GGUF (G), broken inputs
     under X."""
     x = tmp_path_factory.mktemp("bad")
@@ -317,7 +315,7 @@ CASES = {
     "longbench-budget-text": ([*LB, "--budget", "abc"], ["--budget 'abc'"]),
     "longbench-policy-unknown": ([*LB, "--policy", "h2o"], ["unknown policy 'h2o'"]),
     "longbench-data-missing": ([*LB, "--data", "{X}/nope"], ["no such folder"]),
-    "longbench-data-empty": ([*LB, "--data", "{X}/empty_dir"], ["none of the 16 English LongBench files"]),
+    "longbench-data-empty": ([*LB, "--data", "{X}/empty_dir"], ["none of the 16 English LongBench datasets"]),
     "longbench-dataset-unknown": ([*LB, "--datasets", "nosuch"], ["unknown LongBench dataset(s) nosuch"]),
     "longbench-dataset-blank": ([*LB, "--datasets", ","], ["unknown LongBench dataset"]),
     "longbench-data-not-json": (LB, ["multi_news.jsonl:1: not a JSON line"]),
@@ -355,7 +353,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_and_exit_2(cli, S, case):
+def test_bad_input_is_one_line_and_exit_2(cli, S, case, assert_one_line_error):
     args, needles = CASES[case]
     p = cli(*[a.format(**S) for a in args])
     assert_one_line_error(p, *needles, code=2)
@@ -368,7 +366,7 @@ def offsets(n: int, inside: tuple[int, ...], count: int = 16) -> list[int]:
     return sorted({0, 1, n - 1, *inside, *spread} - {n})
 
 
-def test_truncated_safetensors_never_traceback(cli, S, tmp_path):
+def test_truncated_safetensors_never_traceback(cli, S, tmp_path, assert_one_line_error):
     t = S["T"]
     data = open(f"{t}/model.safetensors", "rb").read()
     header = 8 + int.from_bytes(data[:8], "little")
@@ -383,7 +381,7 @@ def test_truncated_safetensors_never_traceback(cli, S, tmp_path):
         assert_one_line_error(p, "model.safetensors", code=2)
 
 
-def test_truncated_gguf_never_traceback(cli, S, tmp_path):
+def test_truncated_gguf_never_traceback(cli, S, tmp_path, assert_one_line_error):
     data = open(S["G"], "rb").read()
     from gguf import GGUFReader
 
@@ -396,7 +394,7 @@ def test_truncated_gguf_never_traceback(cli, S, tmp_path):
         assert_one_line_error(p, str(path), code=2)
 
 
-def test_truncated_profile_never_traceback(cli, S, tmp_path):
+def test_truncated_profile_never_traceback(cli, S, tmp_path, assert_one_line_error):
     data = open(S["P"], "rb").read()
     for n in offsets(len(data), (1, 2, 10, 50, 100)):
         path = tmp_path / f"cut{n}.json"

@@ -14,8 +14,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import assert_one_line_error, write_profile
-
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
          "answer across never little stone between under light voice long").split()
@@ -45,7 +43,7 @@ def lines(path) -> int:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, small_models, cli):
+def data(tmp_path_factory, small_models, write_profile):
     """Books for calibration and PG-19, LongBench-style trec samples, two profiles of the pair."""
     import random
 
@@ -145,7 +143,7 @@ def test_longbench_killed_then_rerun_equals_uninterrupted(cli, data, tmp_path):
                     for r in json.loads((ref / "summary.json").read_text())["rows"]]
 
 
-def test_locked_profile_output_and_ctrl_c(cli, data, tmp_path):
+def test_locked_profile_output_and_ctrl_c(cli, data, tmp_path, assert_one_line_error):
     out = tmp_path / "p.json"
     proc = start(*profile_args(data, out), "--windows", "60")
     assert wait_for(proc, lambda: (out.with_suffix(".work") / "w000.pt").exists())
@@ -157,7 +155,7 @@ def test_locked_profile_output_and_ctrl_c(cli, data, tmp_path):
     assert [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"]
 
 
-def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path):
+def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path, assert_one_line_error):
     out = tmp_path / "lb"
     records = out / "predictions" / "full-full" / "trec.jsonl"
     proc = start(*lb_args(data, out, "--limit", "300"))
@@ -174,7 +172,7 @@ def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path):
     assert lines(records) == done + 1 and p.stdout.count(" full@None: score ") == 1
 
 
-def test_other_settings_refused_and_restart(cli, data, tmp_path):
+def test_other_settings_refused_and_restart(cli, data, tmp_path, assert_one_line_error):
     pg = ["eval", "pg19", "--data", data["books"], "--target", data["T"], "--draft", data["D"], "--context", "48",
           "--eval-tokens", "10", "--windows", "1", "--policy", "full,streamingllm", "--budget", "16",
           "--sinks", "2", "--out-dir", tmp_path / "pg"]
@@ -203,7 +201,7 @@ def test_other_settings_refused_and_restart(cli, data, tmp_path):
     assert_one_line_error(cli(*acc, "--window", "6"), "runs.S=32.window: 8 -> 6", code=2)
 
 
-def test_zero_head_profile_is_written_with_a_warning_and_refused_for_dustin(cli, data, tmp_path):
+def test_zero_head_profile_is_written_with_a_warning_and_refused_for_dustin(cli, data, tmp_path, assert_one_line_error):
     out = tmp_path / "p.json"
     args = profile_args(data, out)
     p = cli(*args[: args.index("--epsilon")], "--windows", "1", "--out", out)  # the default --epsilon

@@ -8,21 +8,20 @@ import pytest
 import torch
 
 from dustin_eval.acceptance import AcceptanceConfig, run_acceptance, write_acceptance
-from dustin_eval.results import provenance
 from dustin_runtime.pipeline import load_pair
 from dustin_runtime.policies import make_policy
+from dustin_runtime.provenance import provenance
 from dustin_runtime.sparse import SparseConfig
 from dustin_runtime.speculative import speculative_generate
-from tests.conftest import tiny_with_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, shared_dir):
+def setup(tmp_path_factory, tiny_with_tokenizer):
     root = tmp_path_factory.mktemp("acc")
-    t = tiny_with_tokenizer(root / "t", shared_dir, "llama3")
-    d = tiny_with_tokenizer(root / "d", shared_dir, "llama3", num_hidden_layers=1)
+    t = tiny_with_tokenizer(root / "t", "llama3")
+    d = tiny_with_tokenizer(root / "d", "llama3", num_hidden_layers=1)
     books = root / "books"
     books.mkdir()
     for i, word in enumerate(("river", "mountain", "harbour")):

@@ -11,9 +11,7 @@ from dustin_runtime.loader import load_model
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tests.conftest import make_tiny_hf
-
+def pair(tmp_path_factory, make_tiny_hf):
     folder = tmp_path_factory.mktemp("bd") / "t"
     make_tiny_hf("qwen2", folder, seed=5, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4)
     target, _ = load_model(str(folder))

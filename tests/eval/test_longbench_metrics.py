@@ -1,8 +1,13 @@
-"""LongBench metrics against hand-computed values (and a few values of the reference packages:
-rouge 1.0.1 and fuzzywuzzy 0.18 pure-Python, noted where used)."""
+"""LongBench metrics against hand-computed values (ROUGE-L through the rouge 1.0.1 package, code
+similarity through fuzzywuzzy's difflib ratio, as LongBench runs them), and the committed LongBench
+results re-scored: every sample and every summary score as committed."""
+
+import json
+from pathlib import Path
 
 import pytest
 
+from dustin_eval.jsonl import read_jsonl
 from dustin_eval.longbench_config import DATASETS
 from dustin_eval.longbench_metrics import (
     DATASET2METRIC,
@@ -11,13 +16,16 @@ from dustin_eval.longbench_metrics import (
     count_score,
     dataset_score,
     first_line,
-    fuzz_ratio,
     normalize_answer,
     qa_f1_score,
     retrieval_score,
     rouge_score,
     score_sample,
 )
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+SUMMARIES = sorted(RESULTS.glob("**/summary.json"))
+LONGBENCH = [p for p in SUMMARIES if (p.parent / "predictions").is_dir()]
 
 TREC_CLASSES = ["Description", "Entity", "Abbreviation", "Human being", "Location", "Numeric value"]
 
@@ -92,12 +100,12 @@ def test_count_share_of_numbers():
     assert count_score("none", "7") == 0.0
 
 
-def test_fuzz_ratio_semantics():
-    assert fuzz_ratio("abcd", "abce") == 75  # 2 * 3 / 8
-    assert fuzz_ratio("foo(x)", "foo(y)") == 83  # 2 * 5 / 12 = 83.3
-    assert fuzz_ratio("abcdefgh", "abcdeXYZ") == 62  # 62.5 rounds half to even, like fuzzywuzzy
-    assert fuzz_ratio("", "") == 100
-    assert fuzz_ratio("", "x") == 0
+def test_code_similarity_is_difflibs_ratio():
+    # fuzz.ratio = round(100 * 2 * matches / total length), difflib's SequenceMatcher
+    assert code_sim_score("abcd", "abce") == 0.75  # 2 * 3 / 8
+    assert code_sim_score("foo(x)", "foo(y)") == 0.83  # 2 * 5 / 12 = 83.3
+    assert code_sim_score("abcdefgh", "abcdeXYZ") == 0.62  # 62.5 rounds half to even
+    assert code_sim_score("", "x") == 0.0
 
 
 def test_code_sim_first_code_line():
@@ -134,3 +142,23 @@ def test_every_dataset_has_its_metric():
     assert DATASET2METRIC["trec"] is classification_score
     assert DATASET2METRIC["passage_retrieval_en"] is retrieval_score
     assert DATASET2METRIC["lcc"] is DATASET2METRIC["repobench-p"] is code_sim_score
+
+
+def test_the_committed_longbench_results_exist():
+    assert len(LONGBENCH) >= 2, LONGBENCH  # results/longbench and results/retrieval/longbench
+
+
+@pytest.mark.parametrize("summary", LONGBENCH, ids=lambda p: str(p.parent.relative_to(RESULTS)))
+def test_committed_scores_rescore_equal(summary):
+    """Every committed prediction re-scored gives its committed score, and every summary row the
+    mean of its run's scores (x 100, 2 decimals)."""
+    rows = json.loads(summary.read_text())["rows"]
+    assert rows
+    for row in rows:
+        run = f"{row['policy']}-{'full' if row['budget'] is None else row['budget']}"  # RunMeta.run_name
+        recs = read_jsonl(summary.parent / "predictions" / run / f"{row['dataset']}.jsonl")
+        assert len(recs) == row["n"]
+        for rec in recs:
+            got = score_sample(rec["dataset"], rec["pred"], rec["answers"], rec.get("all_classes"))
+            assert got == rec["score"], (run, rec["_id"])
+        assert dataset_score([r["score"] for r in recs]) == row["score"], run

@@ -7,26 +7,17 @@ from dustin_eval.longbench_data import FIELDS, build_prompt, load_dataset
 from dustin_eval.longbench_metrics import rouge_score
 from dustin_eval.longbench_runner import RunMeta, run_longbench
 
-from .eval_fakes import MULTI_NEWS, QWEN3, ScriptedGenerator
 
-pytestmark = pytest.mark.skipif(
-    not MULTI_NEWS.is_file(),
-    reason=f"{MULTI_NEWS} absent: ../shared is not checked out beside the repo",
-)
+@pytest.fixture(scope="module")
+def samples(multi_news_jsonl):
+    return load_dataset(multi_news_jsonl.parent, "multi_news")
 
 
 @pytest.fixture(scope="module")
-def samples():
-    return load_dataset(MULTI_NEWS.parent, "multi_news")
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    if not QWEN3.is_dir():
-        pytest.skip(f"{QWEN3} absent")
+def qwen3(qwen3_tokenizer_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(QWEN3))
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
 
 
 def test_load_all_200(samples):
@@ -59,19 +50,19 @@ def test_prompts_truncate_in_the_middle(samples, qwen3):
         assert len(p.ids) <= 2048 + 16
 
 
-def test_runner_with_an_oracle(tmp_path, samples, qwen3):
+def test_runner_with_an_oracle(tmp_path, samples, qwen3, scripted_generator, multi_news_jsonl):
     heads = {s["context"][:200]: s["answers"][0] for s in samples[:3]}
 
     def respond(prompt):
         return next(a for head, a in heads.items() if head in prompt)
 
-    gen = ScriptedGenerator(qwen3, respond)
+    gen = scripted_generator(qwen3, respond)
     meta = RunMeta(policy="full", budget=None, target="test-oracle")
     rows = run_longbench(
         gen,
         qwen3,
         meta,
-        data_dir=MULTI_NEWS.parent,
+        data_dir=multi_news_jsonl.parent,
         out_dir=tmp_path,
         max_length=4096,
         datasets=["multi_news"],

@@ -17,8 +17,6 @@ from dustin_eval.longbench_data import (
 )
 from dustin_runtime.errors import DustinError
 
-from .eval_fakes import LLAMA3, QWEN3, CharTokenizer
-
 SAMPLE = {  # the fields of a multi_news.jsonl line
     "input": "QUESTION_TEXT",
     "context": "CONTEXT_TEXT",
@@ -84,8 +82,8 @@ def test_middle_truncate_keeps_exact_length_and_both_ends():
     assert middle_truncate(ids, 1000) == (ids, [])
 
 
-def test_build_prompt_truncates_in_the_middle_char_tokenizer():
-    tok = CharTokenizer()
+def test_build_prompt_truncates_in_the_middle_char_tokenizer(char_tokenizer):
+    tok = char_tokenizer
     sample = dict(SAMPLE, context="H" * 300 + "M" * 1000 + "T" * 300, input="Q?")
     p = build_prompt(tok, sample, "trec", 200)  # trec: no chat template
     assert p.truncated and not p.chat
@@ -97,8 +95,8 @@ def test_build_prompt_truncates_in_the_middle_char_tokenizer():
     assert not full.truncated and len(full.ids) == full.raw_tokens
 
 
-def test_build_prompt_chat_char_tokenizer():
-    tok = CharTokenizer()
+def test_build_prompt_chat_char_tokenizer(char_tokenizer):
+    tok = char_tokenizer
     p = build_prompt(tok, SAMPLE, "hotpotqa", 10_000)
     text = tok.decode(p.ids)
     assert (
@@ -109,8 +107,8 @@ def test_build_prompt_chat_char_tokenizer():
     assert tok.bos_token_id not in p.ids  # the template owns the special tokens
 
 
-def test_chat_template_applied_per_dataset():
-    tok = CharTokenizer()
+def test_chat_template_applied_per_dataset(char_tokenizer):
+    tok = char_tokenizer
     for dataset in DATASETS:
         text = tok.decode(build_prompt(tok, SAMPLE, dataset, 10_000).ids)
         assert text.startswith("<user>") == (dataset not in NO_CHAT_DATASETS), dataset
@@ -118,32 +116,30 @@ def test_chat_template_applied_per_dataset():
     assert NO_CHAT_DATASETS == {"trec", "triviaqa", "samsum", "lcc", "repobench-p"}
 
 
-def test_prompt_limit_too_small():
+def test_prompt_limit_too_small(char_tokenizer):
     with pytest.raises(DustinError):
-        build_prompt(CharTokenizer(), SAMPLE, "trec", 1)
+        build_prompt(char_tokenizer, SAMPLE, "trec", 1)
 
 
-def test_stop_ids_samsum_adds_newline():
-    tok = CharTokenizer()
+def test_stop_ids_samsum_adds_newline(char_tokenizer):
+    tok = char_tokenizer
     assert stop_ids(tok, "samsum", [2]) == ([2, ord("\n") + 3], 1)
     assert stop_ids(tok, "qmsum", [2, 7]) == ([2, 7], 0)
 
 
 def _hf(folder):
-    if not folder.is_dir():
-        pytest.skip(f"{folder} absent (../shared/tokenizers is not checked out next to the repo)")
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(str(folder))
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    return _hf(QWEN3)
+def qwen3(qwen3_tokenizer_dir):
+    return _hf(qwen3_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
-def llama3():
-    return _hf(LLAMA3)
+def llama3(llama3_tokenizer_dir):
+    return _hf(llama3_tokenizer_dir)
 
 
 def _long_sample():

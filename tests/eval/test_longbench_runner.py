@@ -9,8 +9,6 @@ from dustin_eval.jsonl import read_jsonl
 from dustin_eval.longbench_runner import RunMeta, run_longbench, summarize_predictions
 from dustin_runtime.errors import DustinError
 
-from .eval_fakes import CharTokenizer, ScriptedGenerator
-
 TREC_CLASSES = ["Description", "Entity", "Location", "Human being"]
 
 
@@ -92,9 +90,9 @@ def oracle(prompt: str) -> str:
 META = RunMeta(policy="dustin", budget=512, target="fake/target", draft="fake/draft")
 
 
-def test_run_writes_records_scores_and_summary(tmp_path, data_dir):
-    tok = CharTokenizer()
-    gen = ScriptedGenerator(tok, oracle)
+def test_run_writes_records_scores_and_summary(tmp_path, data_dir, char_tokenizer, scripted_generator):
+    tok = char_tokenizer
+    gen = scripted_generator(tok, oracle)
     out = tmp_path / "out"
     rows = run_longbench(
         gen,
@@ -146,10 +144,10 @@ def test_run_writes_records_scores_and_summary(tmp_path, data_dir):
     assert run["policy"] == "dustin" and len(run["invocations"]) == 1
 
 
-def test_resume_after_crash(tmp_path, data_dir):
-    tok = CharTokenizer()
+def test_resume_after_crash(tmp_path, data_dir, char_tokenizer, scripted_generator):
+    tok = char_tokenizer
     out = tmp_path / "out"
-    crashing = ScriptedGenerator(tok, oracle, fail_on_call=3)
+    crashing = scripted_generator(tok, oracle, fail_on_call=3)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_longbench(
             crashing,
@@ -167,7 +165,7 @@ def test_resume_after_crash(tmp_path, data_dir):
         f.write('{"_id": "hotpotqa-2", "pred": "Cit')
     assert len(read_jsonl(path)) == 2
 
-    good = ScriptedGenerator(tok, oracle)
+    good = scripted_generator(tok, oracle)
     rows = run_longbench(
         good, tok, META, data_dir=data_dir, out_dir=out, max_length=4096, datasets=["hotpotqa"]
     )
@@ -177,20 +175,20 @@ def test_resume_after_crash(tmp_path, data_dir):
     assert path.read_text().endswith("}\n")
     assert rows[0]["n"] == 5 and rows[0]["score"] == 60.0
 
-    again = ScriptedGenerator(tok, oracle)
+    again = scripted_generator(tok, oracle)
     run_longbench(
         again, tok, META, data_dir=data_dir, out_dir=out, max_length=4096, datasets=["hotpotqa"]
     )
     assert again.calls == []
 
 
-def test_policies_and_budgets_in_one_summary(tmp_path, data_dir):
-    tok = CharTokenizer()
+def test_policies_and_budgets_in_one_summary(tmp_path, data_dir, char_tokenizer, scripted_generator):
+    tok = char_tokenizer
     out = tmp_path / "out"
     for policy, budget in (("full", None), ("dustin", 256), ("dustin", 1024)):
         meta = RunMeta(policy=policy, budget=budget, target="t", draft="d")
         run_longbench(
-            ScriptedGenerator(tok, oracle),
+            scripted_generator(tok, oracle),
             tok,
             meta,
             data_dir=data_dir,
@@ -211,9 +209,9 @@ def test_policies_and_budgets_in_one_summary(tmp_path, data_dir):
     assert "| dataset | dustin@256 | dustin@1024 | full@full |" in (out / "summary.md").read_text()
 
 
-def test_truncation_to_max_length_minus_generation(tmp_path, data_dir):
-    tok = CharTokenizer()
-    gen = ScriptedGenerator(tok, lambda p: "x")
+def test_truncation_to_max_length_minus_generation(tmp_path, data_dir, char_tokenizer, scripted_generator):
+    tok = char_tokenizer
+    gen = scripted_generator(tok, lambda p: "x")
     # trec generates up to 64 tokens: a max length of 60 leaves no room for the prompt
     with pytest.raises(DustinError, match="no room"):
         run_longbench(
@@ -244,26 +242,26 @@ def test_truncation_to_max_length_minus_generation(tmp_path, data_dir):
     assert all(c["max_new_tokens"] == [32] for c in gen.calls[3:])
 
 
-def test_other_run_in_same_folder_is_refused_then_restart(tmp_path, data_dir):
-    tok = CharTokenizer()
+def test_other_run_in_same_folder_is_refused_then_restart(tmp_path, data_dir, char_tokenizer, scripted_generator):
+    tok = char_tokenizer
     out = tmp_path / "out"
     kw = dict(data_dir=data_dir, out_dir=out, max_length=4096, datasets=["trec"], limit=1)
-    run_longbench(ScriptedGenerator(tok, oracle), tok, META, resume_key={"gamma": 4}, **kw)
+    run_longbench(scripted_generator(tok, oracle), tok, META, resume_key={"gamma": 4}, **kw)
     other = RunMeta(policy="dustin", budget=512, target="another/target", draft="fake/draft")
     with pytest.raises(DustinError, match=r'other settings \(target: "fake/target" -> "another/target"\).*--restart'):
-        run_longbench(ScriptedGenerator(tok, oracle), tok, other, resume_key={"gamma": 4}, **kw)
+        run_longbench(scripted_generator(tok, oracle), tok, other, resume_key={"gamma": 4}, **kw)
     with pytest.raises(DustinError, match=r"other settings \(gamma: 4 -> 5\)"):
-        run_longbench(ScriptedGenerator(tok, oracle), tok, META, resume_key={"gamma": 5}, **kw)
+        run_longbench(scripted_generator(tok, oracle), tok, META, resume_key={"gamma": 5}, **kw)
     path = out / "predictions" / "dustin-512" / "trec.jsonl"
     assert [r["target"] for r in read_jsonl(path)] == ["fake/target"]  # nothing was mixed in
-    gen = ScriptedGenerator(tok, oracle)
+    gen = scripted_generator(tok, oracle)
     run_longbench(gen, tok, other, restart=True, **kw)
     assert len(gen.calls) == 1 and [r["target"] for r in read_jsonl(path)] == ["another/target"]
 
 
-def test_bad_inputs(tmp_path, data_dir):
-    tok = CharTokenizer()
-    gen = ScriptedGenerator(tok, oracle)
+def test_bad_inputs(tmp_path, data_dir, char_tokenizer, scripted_generator):
+    tok = char_tokenizer
+    gen = scripted_generator(tok, oracle)
     with pytest.raises(DustinError, match="not found"):
         run_longbench(
             gen,

@@ -16,8 +16,6 @@ from dustin_eval.passkey import (
 )
 from dustin_runtime.errors import DustinError
 
-from .eval_fakes import GUTENBERG_EVAL, QWEN3, CharTokenizer
-
 FILLER = "".join(f"Line {i} of a dull book about nothing much.\n" for i in range(500))
 
 
@@ -36,8 +34,8 @@ def _check(tok, p, passkey, context, depth):
 
 @pytest.mark.parametrize("context", [300, 333, 1024])
 @pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
-def test_exact_length_and_depth_char_tokenizer(context, depth):
-    tok = CharTokenizer()
+def test_exact_length_and_depth_char_tokenizer(context, depth, char_tokenizer):
+    tok = char_tokenizer
     p = make_passkey_prompt(tok, FILLER, context, depth, 48213, seed=3)
     _check(tok, p, 48213, context, depth)
     text = tok.decode(p.ids, skip_special_tokens=True)
@@ -49,22 +47,22 @@ def test_exact_length_and_depth_char_tokenizer(context, depth):
         assert p.needle_start + p.needle_len == context - len(QUESTION)
 
 
-def test_seed_changes_filler_only():
-    tok = CharTokenizer()
+def test_seed_changes_filler_only(char_tokenizer):
+    tok = char_tokenizer
     a = make_passkey_prompt(tok, FILLER, 500, 0.5, 11111, seed=1)
     b = make_passkey_prompt(tok, FILLER, 500, 0.5, 11111, seed=1)
     c = make_passkey_prompt(tok, FILLER, 500, 0.5, 11111, seed=2)
     assert a.ids == b.ids and a.ids != c.ids and a.needle_start == c.needle_start
 
 
-def test_filler_wraps_around_a_short_text():
-    tok = CharTokenizer()
+def test_filler_wraps_around_a_short_text(char_tokenizer):
+    tok = char_tokenizer
     p = make_passkey_prompt(tok, "short filler.\n", 2000, 0.3, 12345, seed=0)
     assert len(p.ids) == 2000
 
 
-def test_bad_requests():
-    tok = CharTokenizer()
+def test_bad_requests(char_tokenizer):
+    tok = char_tokenizer
     with pytest.raises(DustinError, match="shorter than"):
         make_passkey_prompt(tok, FILLER, 50, 0.5, 12345)
     with pytest.raises(DustinError, match="depth"):
@@ -73,8 +71,8 @@ def test_bad_requests():
         make_passkey_prompt(tok, FILLER, 500, 0.5, "12a45")
 
 
-def test_grid_and_scoring():
-    tok = CharTokenizer()
+def test_grid_and_scoring(char_tokenizer):
+    tok = char_tokenizer
     prompts = list(passkey_grid(tok, FILLER, [300, 600], [0.0, 0.5, 1.0], trials=2, seed=7))
     assert len(prompts) == 12 and sorted({len(p.ids) for p in prompts}) == [300, 600]
     assert len({p.answer for p in prompts}) > 1
@@ -100,13 +98,11 @@ def test_accuracy_and_heatmap(tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 5000
 
 
-def test_real_tokenizer_and_gutenberg_filler():
-    if not (QWEN3.is_dir() and GUTENBERG_EVAL.is_dir()):
-        pytest.skip("../shared tokenizers or Gutenberg eval books absent")
+def test_real_tokenizer_and_gutenberg_filler(qwen3_tokenizer_dir, gutenberg_eval_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(QWEN3))
-    filler = read_filler(GUTENBERG_EVAL, max_books=2)
+    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+    filler = read_filler(gutenberg_eval_dir, max_books=2)
     for context, depth in [(2048, 0.0), (2048, 0.25), (4096, 0.75), (4096, 1.0)]:
         p = make_passkey_prompt(tok, filler, context, depth, 73918, seed=context)
         _check(tok, p, 73918, context, depth)

@@ -7,8 +7,6 @@ import pytest
 from dustin_eval.pg19 import book_order, iter_windows, perplexity
 from dustin_runtime.errors import DustinError
 
-from .eval_fakes import GUTENBERG_EVAL, QWEN3, CharTokenizer
-
 
 @pytest.fixture()
 def books(tmp_path):
@@ -17,8 +15,8 @@ def books(tmp_path):
     return tmp_path
 
 
-def test_windows_exact_and_contiguous(books):
-    tok = CharTokenizer()
+def test_windows_exact_and_contiguous(books, char_tokenizer):
+    tok = char_tokenizer
     wins = list(iter_windows(tok, books, 100, seed=0))
     assert all(len(w.ids) == 100 for w in wins)
     per_book = {}
@@ -31,16 +29,16 @@ def test_windows_exact_and_contiguous(books):
         assert all(tok.decode(w.ids) == text[w.start : w.start + 100] for w in ws)
 
 
-def test_seeded_order_is_deterministic(books):
-    tok = CharTokenizer()
+def test_seeded_order_is_deterministic(books, char_tokenizer):
+    tok = char_tokenizer
     key = lambda seed: [(w.book, w.start) for w in iter_windows(tok, books, 100, seed=seed)]  # noqa: E731
     assert key(1) == key(1)
     orders = {tuple(p.name for p in book_order(books, s)) for s in range(10)}
     assert len(orders) > 1
 
 
-def test_limits(books):
-    tok = CharTokenizer()
+def test_limits(books, char_tokenizer):
+    tok = char_tokenizer
     assert len(list(iter_windows(tok, books, 100, max_windows=3))) == 3
     wins = list(iter_windows(tok, books, 100, max_windows_per_book=1))
     assert len(wins) == 3 and all(w.index == 0 for w in wins)
@@ -57,14 +55,12 @@ def test_perplexity():
         perplexity(1.0, 0)
 
 
-def test_real_eval_books():
-    if not (QWEN3.is_dir() and GUTENBERG_EVAL.is_dir()):
-        pytest.skip("../shared tokenizers or Gutenberg eval books absent")
+def test_real_eval_books(qwen3_tokenizer_dir, gutenberg_eval_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(QWEN3))
-    wins = list(iter_windows(tok, GUTENBERG_EVAL, 8192, seed=0, max_windows=3))
+    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+    wins = list(iter_windows(tok, gutenberg_eval_dir, 8192, seed=0, max_windows=3))
     assert len(wins) == 3 and all(len(w.ids) == 8192 for w in wins)
     assert len({w.book for w in wins}) == 1  # one book yields them all
-    again = list(iter_windows(tok, GUTENBERG_EVAL, 8192, seed=0, max_windows=1))
+    again = list(iter_windows(tok, gutenberg_eval_dir, 8192, seed=0, max_windows=1))
     assert again[0].ids == wins[0].ids

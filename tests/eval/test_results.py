@@ -1,46 +1,18 @@
-"""Result files: provenance, tables, score-vs-budget plot."""
+"""Result files: tables, score-vs-budget plot."""
 
 import csv
 import json
-import re
-import sys
 
-from dustin_eval import results
 from dustin_eval.results import (
-    git_commit,
     markdown_table,
     plot_score_vs_budget,
-    provenance,
     write_csv,
     write_markdown,
     write_result_json,
 )
+from dustin_runtime.provenance import provenance
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def test_provenance_fields():
-    prov = provenance(models={"target": "Qwen/Qwen2.5-7B"}, shapes={"batch": 16, "context": 32768})
-    assert prov["models"] == {"target": "Qwen/Qwen2.5-7B"}
-    assert prov["shapes"] == {"batch": 16, "context": 32768}
-    assert prov["command"] == sys.argv
-    assert prov["device"] and "device_count" in prov
-    assert prov["versions"]["torch"] and prov["versions"]["transformers"]
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", prov["timestamp"])
-    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", prov["git_commit"]) or prov["git_commit"]
-
-
-def test_git_commit_in_repo_and_fallback(tmp_path, monkeypatch):
-    commit = git_commit(results._REPO)
-    if (results._REPO / ".git").exists():
-        assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
-    monkeypatch.setenv("DUSTIN_GIT_COMMIT", "abc123")
-    assert git_commit(tmp_path) == "abc123"  # not a git work tree
-    assert git_commit(results._REPO) == "abc123"  # set by device commands: it wins over a lagging .git
-    monkeypatch.delenv("DUSTIN_GIT_COMMIT")
-    assert git_commit(tmp_path) == "unknown"
-    monkeypatch.setenv("PATH", "")  # no git at all
-    assert git_commit(results._REPO) == "unknown"
 
 
 def test_tables(tmp_path):

@@ -2,25 +2,25 @@
 
 import json
 
+import pytest
+
 from dustin_eval.passkey_eval import run_passkey
 from dustin_eval.pg19_eval import PolicyRun, run_pg19
 from dustin_eval.runtime_generator import RuntimeGenerator
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
-from tests.conftest import make_tiny_hf
-
-from .eval_fakes import CharTokenizer
 
 
-def tiny_pair(tmp_path):
+@pytest.fixture
+def tiny_pair(tmp_path, make_tiny_hf):
     make_tiny_hf("llama3", tmp_path / "t", seed=70, vocab_size=256, max_position_embeddings=1024)
     make_tiny_hf("llama3", tmp_path / "d", seed=71, vocab_size=256, max_position_embeddings=1024,
                  num_hidden_layers=1)
     return load_model(str(tmp_path / "t"))[0], load_model(str(tmp_path / "d"))[0]
 
 
-def test_runtime_generator_matches_generate(tmp_path):
-    target, draft = tiny_pair(tmp_path)
+def test_runtime_generator_matches_generate(tmp_path, tiny_pair):
+    target, draft = tiny_pair
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]]
     gen = RuntimeGenerator(target, draft, gamma=3, batch_size=2)
     res = gen.generate(prompts, [6, 9], eos_ids=[255], min_new_tokens=0)
@@ -29,13 +29,13 @@ def test_runtime_generator_matches_generate(tmp_path):
     assert all("accept_len" in r.stats for r in res)
 
 
-def test_pg19_runner_resumes_and_reports_full(tmp_path):
-    target, draft = tiny_pair(tmp_path)
+def test_pg19_runner_resumes_and_reports_full(tmp_path, char_tokenizer, tiny_pair):
+    target, draft = tiny_pair
     books = tmp_path / "books"
     books.mkdir()
     for i in range(2):
         (books / f"b{i}.txt").write_text(("Call me Ishmael. Some years ago, never mind how long. " * 40)[i:])
-    tok = CharTokenizer()
+    tok = char_tokenizer
     runs = [PolicyRun("full", None)]
     seen = []
     kw = dict(books_dir=books, context=200, eval_tokens=23, gamma=4, runs=runs, make_hooks=lambda r: None,
@@ -50,9 +50,9 @@ def test_pg19_runner_resumes_and_reports_full(tmp_path):
     assert doc["provenance"]["models"] == {"target": "tiny"} and doc["rows"][0]["ppl"] == rows[0]["ppl"]
 
 
-def test_passkey_runner_writes_heatmap(tmp_path):
-    target, draft = tiny_pair(tmp_path)
-    tok = CharTokenizer()
+def test_passkey_runner_writes_heatmap(tmp_path, char_tokenizer, tiny_pair):
+    target, draft = tiny_pair
+    tok = char_tokenizer
     rows = run_passkey(target, draft, tok, filler_text="The grass is green. " * 50, contexts=[300], depths=[0.0, 1.0],
                        trials=1, gamma=3, runs=[PolicyRun("full", None)], make_hooks=lambda r: None,
                        out_dir=tmp_path / "pk", models={}, max_new_tokens=4)

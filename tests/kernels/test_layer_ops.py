@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from dustin_kernels import KernelArgumentError
 from dustin_kernels.layer_ops import (
     add_rms_norm,
     add_rms_norm_ref,
@@ -35,14 +36,29 @@ def test_rms_norm(dtype, rows, d):
     assert rel(xo, xr) <= TOL[dtype] and rel(y, yr) <= TOL[dtype]
 
 
+def test_rows_with_a_stride_and_adjacent_elements_only():
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x = torch.randn(5, 70, device=DEV, generator=g)[:, :64]  # rows 70 apart
+    h = torch.randn(5, 64, device=DEV, generator=g)
+    w = 1 + 0.1 * torch.randn(64, device=DEV, generator=g)
+    assert rel(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6)) <= TOL[torch.float32]
+    xo, y = add_rms_norm(x, h, w, 1e-6)
+    xr, yr = add_rms_norm_ref(x, h, w, 1e-6)
+    assert rel(xo, xr) <= TOL[torch.float32] and rel(y, yr) <= TOL[torch.float32]
+    with pytest.raises(KernelArgumentError, match="last dimension must be contiguous"):
+        rms_norm(x.t().contiguous().t(), w, 1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1, 2 * 96), (2, 5, 2 * 1536), (3, 2 * 1100)])
 def test_swiglu(dtype, shape):
     g = torch.Generator(device=DEV).manual_seed(sum(shape))
     gu = torch.randn(*shape, device=DEV, generator=g).to(dtype)
-    out = torch.full((*shape[:-1], shape[-1] // 2), float("nan"), device=DEV)
-    out = swiglu(gu)
-    assert not out.isnan().any() and rel(out, swiglu_ref(gu)) <= TOL[dtype]
+    out = torch.full((*shape[:-1], shape[-1] // 2), float("nan"), device=DEV, dtype=dtype)  # poisoned
+    assert swiglu(gu, out=out) is out
+    assert not out.isnan().any(), "swiglu left elements of out unwritten"
+    assert rel(out, swiglu_ref(gu)) <= TOL[dtype]
+    assert torch.equal(swiglu(gu), out)  # a fresh buffer holds the same
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dustin_kernels import select_indices, select_indices_ref
-
-from dustin_runtime.errors import DustinError
+from dustin_kernels import KernelArgumentError, select_indices, select_indices_ref
 
 
 def _device():
@@ -45,6 +43,24 @@ def test_matches_reference(case, with_secondary, distinct):
     assert torch.equal(out.cpu(), ref.cpu())
 
 
+@pytest.mark.parametrize("with_secondary", [True, False])
+def test_strided_rows_match_reference(with_secondary):
+    """Score and output rows that are slices of wider buffers (the launcher takes any row stride)."""
+    N, lens, budget, sinks, window, m = CASES[0]
+    dev = _device()
+    gen = torch.Generator().manual_seed(7)
+    B = len(lens)
+    p = _scores(B, N + 13, gen).to(dev)[:, :N]
+    s = _scores(B, N + 5, gen).to(dev)[:, 3:N + 3] if with_secondary else None
+    cl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    out = torch.full((B, budget + 9), -7, dtype=torch.int32, device=dev)[:, :budget]
+    assert not p.is_contiguous() and not out.is_contiguous()
+    select_indices(p, s, cl, budget=budget, sinks=sinks, window=window, m=m, out=out, block=64)
+    ref = select_indices_ref(p.contiguous(), None if s is None else s.contiguous(), cl, budget=budget, sinks=sinks,
+                             window=window, m=m)
+    assert torch.equal(out.cpu(), ref.cpu())
+
+
 def test_invariants_sorted_unique_exact():
     dev = _device()
     gen = torch.Generator().manual_seed(1)
@@ -60,10 +76,12 @@ def test_invariants_sorted_unique_exact():
 def test_bad_inputs_raise_dustin_error():
     p = torch.randn(2, 50)
     cl = torch.tensor([50, 40], dtype=torch.int32)
-    with pytest.raises(DustinError, match="exceeds budget"):
+    with pytest.raises(KernelArgumentError, match="exceeds budget"):
         select_indices(p, None, cl, budget=10, sinks=4, window=4, m=4)
-    with pytest.raises(DustinError, match="float32"):
+    with pytest.raises(KernelArgumentError, match="float32"):
         select_indices(p.double(), None, cl, budget=10, sinks=1, window=1, m=1)
+    with pytest.raises(KernelArgumentError, match="score rows must be contiguous"):
+        select_indices(p.t().contiguous().t(), None, cl, budget=10, sinks=1, window=1, m=1)
 
 
 @pytest.mark.gpu

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dustin_kernels import srh_scores, srh_scores_ref
+from dustin_kernels import KernelArgumentError, srh_scores, srh_scores_ref
 from dustin_kernels.checks import TOL, poisoned, rel_err
-
-from dustin_runtime.errors import DustinError
 
 # (B, Hs, M, D, G, N_max, kv_heads, num_splits)
 CASES = [
@@ -54,16 +52,26 @@ def test_matches_reference(dtype, case, reduce, store_probs, queries_as_m):
         assert (out[b, int(lens[b]):] == 0).all()
 
 
-@pytest.mark.parametrize("reduce", ["sum", "max"])
-def test_padded_probability_tiles(reduce):
-    """A stored tile's row stride beyond the block (probs_pad) changes addresses, not results."""
+@pytest.mark.parametrize("store_probs", [True, False])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_any_strides_match_reference(store_probs, accumulate):
+    """q, k_cache and out as permuted or padded views (the launcher passes every stride)."""
     B, Hs, M, D, G, N, kvh, splits = CASES[1]
     dev = _device()
-    q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, torch.float16, dev, seed=9)
-    out = poisoned((B, N), torch.float32, dev)
-    srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16, store_probs=True,
-               probs_pad=3)
-    assert rel_err(out, srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)) <= TOL[torch.float16]
+    q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, torch.float32, dev, seed=11)
+    qs = torch.full((B, M, Hs, D + 3), float("nan"), device=dev)[..., :D].transpose(1, 2)
+    qs.copy_(q)
+    ks = torch.full((G, B, N + 2, D + 5), float("nan"), device=dev)[:, :, :N, :D].transpose(0, 1)
+    ks.copy_(k)
+    base = torch.rand(B, N, device=dev)
+    out = torch.full((B, N + 7), float("nan"), device=dev)[:, :N]
+    if accumulate:
+        out.copy_(base)
+    assert not (qs.is_contiguous() or ks.is_contiguous() or out.is_contiguous())
+    srh_scores(qs, kv_heads, ks, lens, out=out, num_splits=splits, block_n=16, store_probs=store_probs,
+               accumulate=accumulate)
+    ref = srh_scores_ref(q, kv_heads, k, lens, out=base, accumulate=accumulate)
+    assert rel_err(out, ref) <= TOL[torch.float32]
 
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
@@ -89,12 +97,14 @@ def test_bad_inputs_raise_dustin_error():
     q = torch.randn(1, 2, 3, 16)
     k = torch.randn(1, 2, 10, 16)
     lens = torch.tensor([5], dtype=torch.int32)
-    with pytest.raises(DustinError, match="kv_heads"):
+    with pytest.raises(KernelArgumentError, match="kv_heads"):
         srh_scores(q, torch.tensor([0, 1]), k, lens)
-    with pytest.raises(DustinError, match="reduce"):
+    with pytest.raises(KernelArgumentError, match="reduce"):
         srh_scores(q, torch.tensor([0, 1], dtype=torch.int32), k, lens, reduce="mean")
-    with pytest.raises(DustinError, match="accumulate"):
+    with pytest.raises(KernelArgumentError, match="accumulate"):
         srh_scores(q, torch.tensor([0, 1], dtype=torch.int32), k, lens, accumulate=True)
+    with pytest.raises(KernelArgumentError, match="kv_heads must be contiguous"):
+        srh_scores(q, torch.tensor([0, 9, 1, 9], dtype=torch.int32)[::2], k, lens)
 
 
 @pytest.mark.gpu

@@ -5,14 +5,13 @@ import pytest
 import torch
 
 from dustin_profile import baselines
-from dustin_profile.arr import arr_exact, arr_grid
+from dustin_profile.calib_arr import arr_exact, arr_grid
 from dustin_profile.search import budget_sweep
-from tests.profile.helpers import cands, random_stats
 
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("budget,sinks,window", [(64, 4, 16), (97, 0, 8), (128, 3, 0), (40, 4, 36)])
-def test_grid_matches_select_indices(ties, budget, sinks, window):
+def test_grid_matches_select_indices(ties, budget, sinks, window, random_stats):
     st = random_stats(lengths=[300, 293, 120, 97, 64, 41], ties=ties, seed=3)
     prim, sec = st.draft.sum(0), st.target[:2].sum(0)
     free = budget - sinks - window
@@ -23,14 +22,14 @@ def test_grid_matches_select_indices(ties, budget, sinks, window):
         torch.testing.assert_close(grid[k], exact, atol=1e-6, rtol=0)
 
 
-def test_grid_with_absent_signals_matches_select_indices():
+def test_grid_with_absent_signals_matches_select_indices(random_stats):
     st = random_stats(seed=5)
     for prim, sec, m in ((None, st.target.sum(0), 0), (st.draft.sum(0), None, 60), (None, None, 0)):
         grid = arr_grid(st, prim, sec, budget=80, sinks=4, window=16, ms=[m])[0]
         torch.testing.assert_close(grid, arr_exact(st, prim, sec, budget=80, sinks=4, window=16, m=m), atol=1e-6, rtol=0)
 
 
-def test_arr_monotone_in_budget_and_one_when_budget_covers_context():
+def test_arr_monotone_in_budget_and_one_when_budget_covers_context(random_stats, cands):
     st = random_stats(seed=1)
     st.quest = None
     prim, sec = st.draft.sum(0), st.target.sum(0)
@@ -53,42 +52,9 @@ def test_arr_monotone_in_budget_and_one_when_budget_covers_context():
     assert curve[-1] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_oracle_bounds_every_shared_set():
+def test_oracle_bounds_every_shared_set(random_stats):
     st = random_stats(seed=2)
     o = baselines.oracle(st, 64)
     for m in (0, 10, 44):
         assert (arr_grid(st, st.draft.sum(0), st.target.sum(0), budget=64, sinks=4, window=16, ms=[m])[0] <= o + 1e-6).all()
     assert (baselines.streamingllm(st, 64, 4) <= o + 1e-6).all()
-
-
-def test_quest_masses_monotone_and_full():
-    g = torch.Generator().manual_seed(0)
-    G, r, M, D, L = 2, 3, 5, 16, 100
-    q, k = torch.randn(G, r, M, D, generator=g), torch.randn(G, L + M, D, generator=g)
-    s = torch.einsum("grmd,gnd->grmn", q, k)
-    p = torch.softmax(s, -1)
-    budgets = (16, 32, 48, 64, 96, 112, 128)
-    got = baselines.quest_masses(q, k[:, :L], p[..., :L], p[..., L:].sum(-1), budgets)
-    assert (got[1:] >= got[:-1] - 1e-7).all()
-    assert float(got[-1]) == pytest.approx(1.0, abs=1e-5)
-
-
-def test_quest_masses_against_a_direct_computation():
-    """Pages of 16 (the last one partial), ranked by the min/max-key upper bound, the top S // 16."""
-    g = torch.Generator().manual_seed(1)
-    G, r, M, D, L, page = 2, 2, 3, 8, 53, 16
-    q, k = torch.randn(G, r, M, D, generator=g), torch.randn(G, L, D, generator=g)
-    p = torch.softmax(torch.randn(G, r, M, L + M, generator=g), -1)
-    got = baselines.quest_masses(q, k, p[..., :L], p[..., L:].sum(-1), (32,), page)
-    want = []
-    for gi in range(G):
-        pages = [range(s, min(s + page, L)) for s in range(0, L, page)]
-        ub = []
-        for rows in pages:
-            kmax, kmin = k[gi, list(rows)].amax(0), k[gi, list(rows)].amin(0)
-            ub.append(max(float(torch.maximum(q[gi, h, j] * kmax, q[gi, h, j] * kmin).sum())
-                          for h in range(r) for j in range(M)))
-        top = sorted(range(len(pages)), key=lambda i: -ub[i])[:2]
-        rows = [i for t in top for i in pages[t]]
-        want.append(float(p[gi, :, :, rows].sum(-1).mean() + p[gi, :, :, L:].sum(-1).mean()))
-    assert float(got[0]) == pytest.approx(sum(want) / G, abs=1e-5)

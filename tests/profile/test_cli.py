@@ -2,8 +2,6 @@
 refused with one clear line."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -11,25 +9,12 @@ from dustin_profile.artifact import load_profile
 from dustin_runtime.errors import DustinError
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "dustin.cli", *args], capture_output=True, text=True, timeout=600)
-
-
-def assert_one_line_error(p, *needles):
-    assert p.returncode != 0
-    assert "Traceback" not in p.stderr + p.stdout
-    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-
-
 @pytest.fixture(scope="module")
-def made(models, calib_text, tmp_path_factory):
+def made(models, calib_text, tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("cli") / "p.json"
-    p = run("profile", "--target", str(models["target"]), "--draft", str(models["draft"]), "--calib", str(calib_text),
-            "--context", "128", "--windows", "1", "--positions", "2", "--budget", "40", "--gamma", "2",
-            "--sinks", "2", "--window", "8", "--budgets", "24,40", "--max-heads", "2", "--out", str(out))
+    p = run_cli("profile", "--target", str(models["target"]), "--draft", str(models["draft"]), "--calib", str(calib_text),
+                "--context", "128", "--windows", "1", "--positions", "2", "--budget", "40", "--gamma", "2",
+                "--sinks", "2", "--window", "8", "--budgets", "24,40", "--max-heads", "2", "--out", str(out))
     assert p.returncode == 0, p.stderr
     return out, p
 
@@ -41,16 +26,16 @@ def test_profile_run_prints_tables(made):
     assert prof.calibration["run"]["command"].startswith("dustin profile --target")
 
 
-def test_show_and_check_against_models(made, models):
+def test_show_and_check_against_models(made, models, run_cli, assert_one_line_error):
     out, _ = made
-    p = run("profile", "show", str(out), "--target", str(models["target"]), "--draft", str(models["draft"]))
+    p = run_cli("profile", "show", str(out), "--target", str(models["target"]), "--draft", str(models["draft"]))
     assert p.returncode == 0, p.stderr
     assert "retrieval heads" in p.stdout and "ARR vs budget" in p.stdout and "matches" in p.stdout
-    assert_one_line_error(run("profile", "show", str(out), "--target", str(models["other"])),
+    assert_one_line_error(run_cli("profile", "show", str(out), "--target", str(models["other"])),
                           "was made for target", "not")
 
 
-def test_bad_artifacts_refused(made, tmp_path):
+def test_bad_artifacts_refused(made, tmp_path, run_cli, assert_one_line_error):
     out, _ = made
     good = json.loads(out.read_text())
     cases = {
@@ -67,7 +52,7 @@ def test_bad_artifacts_refused(made, tmp_path):
             load_profile(f)
         assert needle in str(e.value) and "\n" not in str(e.value)
         if cli:
-            assert_one_line_error(run("profile", "show", str(f)), needle)
+            assert_one_line_error(run_cli("profile", "show", str(f)), needle)
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(DustinError, match="not a readable JSON profile"):
         load_profile(tmp_path / "junk.json")
@@ -75,7 +60,7 @@ def test_bad_artifacts_refused(made, tmp_path):
         load_profile(tmp_path / "none.json")
 
 
-def test_profile_usage_errors():
-    assert_one_line_error(run("profile", "--target", "x"), "needs --target and --draft")
-    p = run("profile", "--help")
+def test_profile_usage_errors(run_cli, assert_one_line_error):
+    assert_one_line_error(run_cli("profile", "--target", "x"), "needs --target and --draft")
+    p = run_cli("profile", "--help")
     assert p.returncode == 0 and "--target" in p.stdout and "show" in p.stdout

@@ -6,14 +6,13 @@ import torch
 from dustin_profile.groundtruth import record_window
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
-from tests.conftest import make_tiny_hf
 
 GAMMA = 3
 M = GAMMA + 1
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def pair(tmp_path_factory, make_tiny_hf):
     root = tmp_path_factory.mktemp("gt")
     hf_t = make_tiny_hf("llama3", root / "t", seed=1)
     hf_d = make_tiny_hf("qwen3", root / "d", seed=2, num_hidden_layers=1)
@@ -38,6 +37,11 @@ def renorm(p):
     return p / p.sum(-1, keepdim=True)
 
 
+def context_share(rows, L):
+    """[layers, H, M, cols] verification rows -> each query's attention on [0, L), renormalised."""
+    return renorm(rows[..., :L])
+
+
 def test_text_mode_matches_hf_attention(pair):
     (tgt, hf_t), (drf, hf_d) = pair
     g = torch.Generator().manual_seed(0)
@@ -50,11 +54,12 @@ def test_text_mode_matches_hf_attention(pair):
     for i, L in enumerate(positions):
         assert int(rec["lengths"][i]) == L
         rows = pt[:, :, L: L + M]  # verification queries
-        torch.testing.assert_close(rec["attn"][i, :L], rows[..., :L].mean(dim=(0, 1, 2)), atol=2e-5, rtol=1e-4)
+        share = context_share(rows, L)  # the new tokens' mass is left out of ARR
+        assert rows[..., L:L + M].sum(-1).mean() > 0.01  # ... and there is some to leave out
+        torch.testing.assert_close(rec["attn"][i, :L], share.mean(dim=(0, 1, 2)), atol=2e-5, rtol=1e-4)
         assert rec["attn"][i, L:].abs().sum() == 0
-        torch.testing.assert_close(rec["new_mass"][i], rows[..., L:L + M].sum(-1).mean(), atol=2e-5, rtol=1e-4)
-        torch.testing.assert_close(rec["attn"][i].sum() + rec["new_mass"][i], torch.tensor(1.0), atol=1e-5, rtol=0)
-        torch.testing.assert_close(rec["layer_attn"][i, :, :L].float(), rows[..., :L].mean(dim=(1, 2)), atol=1e-3, rtol=1e-2)
+        torch.testing.assert_close(rec["attn"][i].sum(), torch.tensor(1.0), atol=1e-5, rtol=0)
+        torch.testing.assert_close(rec["layer_attn"][i, :, :L].float(), share.mean(dim=(1, 2)), atol=1e-3, rtol=1e-2)
         hist = renorm(pt[:, :, L - M: L, : L - M])  # previous pass: queries [L-M, L) over [0, L-M)
         torch.testing.assert_close(rec["target"][:, i, : L - M], kv_sum(hist, Gt), atol=1e-4, rtol=1e-4)
         assert rec["target"][:, i, L - M:].abs().sum() == 0
@@ -74,7 +79,8 @@ def test_draft_mode_verifies_the_drafts_greedy_tokens(pair):
     want = generate(drf, [tokens[: L + 1]], GAMMA).tokens[0]
     assert rec["drafted"][0].tolist() == want
     pt = hf_probs(hf_t, tokens[: L + 1] + want)
-    torch.testing.assert_close(rec["attn"][0, :L], pt[:, :, L: L + M, :L].mean(dim=(0, 1, 2)), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(rec["attn"][0, :L], context_share(pt[:, :, L: L + M], L).mean(dim=(0, 1, 2)), atol=2e-5,
+                               rtol=1e-4)
     greedy = generate(tgt, [tokens[: L + 1]], GAMMA).tokens[0]
     agree = 0
     for a, b in zip(want, greedy, strict=True):
@@ -97,3 +103,19 @@ def test_kv_head_signals_triton_matches_reference():
     torch.testing.assert_close(tri, ref, atol=1e-5, rtol=1e-4)
     assert ref.shape == (2, 3, 37) and ref[:, 1, 20:].abs().sum() == 0
     torch.testing.assert_close(ref.sum(-1), torch.full((2, 3), 15.0), atol=1e-4, rtol=0)  # 3 heads x 5 queries
+
+
+def test_sparse_drafting_mode(pair):
+    """With draft_set the draft drafts over a verification set: a set covering the context gives the
+    full-attention recording; a binding one drafts from fewer rows (and may draft other tokens)."""
+    (tgt, _), (drf, _) = pair
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 131, (70,), generator=g).tolist()
+    plain = record_window(tgt, drf, tokens, [60, 45], gamma=GAMMA)
+    covering = record_window(tgt, drf, tokens, [60, 45], gamma=GAMMA, draft_set=(64, 2, 4))
+    assert torch.equal(plain["drafted"], covering["drafted"])
+    torch.testing.assert_close(plain["draft"], covering["draft"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(plain["attn"], covering["attn"])
+    tight = record_window(tgt, drf, tokens, [60, 45], gamma=GAMMA, draft_set=(12, 2, 4))
+    assert tight["drafted"].shape == plain["drafted"].shape
+    assert not torch.allclose(tight["draft"], plain["draft"], atol=1e-3)  # other drafts or other queries

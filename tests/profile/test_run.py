@@ -111,9 +111,9 @@ def test_retrieval_pass_weights():
     from dustin_profile.run import stack_windows
 
     def rec(P=3, N=8):
-        return {"lengths": torch.full((P,), N), "attn": torch.rand(P, N), "new_mass": torch.rand(P),
+        return {"lengths": torch.full((P,), N), "attn": torch.rand(P, N),
                 "draft": torch.rand(1, P, N), "target": torch.rand(2, P, N), "layer_attn": torch.rand(P, 2, N),
-                "layer_new": torch.rand(P, 2), "quest": torch.rand(P, 2, 1)}
+                "quest": torch.rand(P, 2, 1)}
 
     recs = [rec(), rec(), rec()]
     plain = stack_windows(recs, (8,))
@@ -126,5 +126,5 @@ def test_retrieval_pass_weights():
     x[6] = 1.0
     assert float(st.average(x)) == pytest.approx(0.6)
     ft = stack_windows(recs, (8,), retrieval=1, retrieval_weight=0.6, facts=[(2, 6)])
-    assert torch.equal(ft.attn[6], torch.tensor([0, 0, 0.25, 0.25, 0.25, 0.25, 0, 0])) and ft.new_mass[6] == 0
+    assert torch.equal(ft.attn[6], torch.tensor([0, 0, 0.25, 0.25, 0.25, 0.25, 0, 0]))
     assert torch.equal(ft.attn[:6], st.attn[:6]) and torch.equal(st.attn[6], recs[2]["attn"][0])  # inputs untouched

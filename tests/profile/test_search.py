@@ -2,9 +2,8 @@
 
 import torch
 
-from dustin_profile.arr import CalibStats
+from dustin_profile.calib_arr import CalibStats
 from dustin_profile.search import SearchConfig, greedy_search, m_grid
-from tests.profile.helpers import cands, random_stats
 
 
 def planted(seed=0, P=8, N=400, cd=3, ct=6, good_d=1, good_t=3):
@@ -23,11 +22,10 @@ def planted(seed=0, P=8, N=400, cd=3, ct=6, good_d=1, good_t=3):
         draft[good_d, p, x] += 1.0
         draft[good_d - 1, p, x[:15]] += 1.0
         target[good_t, p, y] += 1.0
-    new = 1 - attn.sum(1)
-    return CalibStats(lengths, attn, new, draft, target)
+    return CalibStats(lengths, attn / attn.sum(1, keepdim=True), draft, target)  # A sums to 1 over the context
 
 
-def test_search_finds_planted_heads_and_split():
+def test_search_finds_planted_heads_and_split(cands):
     st = planted()
     cs = cands(3, 6)
     res = greedy_search(st, cs, SearchConfig(budget=80, sinks=4, window=16, max_heads=6, epsilon=1e-3))
@@ -39,21 +37,21 @@ def test_search_finds_planted_heads_and_split():
     assert len(res.rounds[1].evaluations) == 9 and len(res.rounds[2].evaluations) == 8
 
 
-def test_search_deterministic_and_ties_to_first_candidate():
+def test_search_deterministic_and_ties_to_first_candidate(random_stats, cands):
     st = random_stats(seed=4, cd=3, ct=4)
     cfg = SearchConfig(budget=64, sinks=4, window=16, max_heads=4, epsilon=0.0)
     a = greedy_search(st, cands(3, 4), cfg)
     b = greedy_search(st, cands(3, 4), cfg)
     assert [(r.added, r.m, r.arr, r.evaluations) for r in a.rounds] == [(r.added, r.m, r.arr, r.evaluations) for r in b.rounds]
     # a duplicated candidate: the earlier copy wins
-    dup = CalibStats(st.lengths, st.attn, st.new_mass, torch.cat([st.draft, st.draft]), st.target)
+    dup = CalibStats(st.lengths, st.attn, torch.cat([st.draft, st.draft]), st.target)
     c = greedy_search(dup, cands(6, 4), SearchConfig(budget=64, sinks=4, window=16, max_heads=1, epsilon=0.0))
     first = c.chosen[0]
     assert first < 3 or first >= 6
     assert c.stop == "max_heads"
 
 
-def test_search_stops_at_head_limit():
+def test_search_stops_at_head_limit(cands):
     st = planted()
     res = greedy_search(st, cands(3, 6), SearchConfig(budget=80, sinks=4, window=16, max_heads=1, epsilon=0.0))
     assert len(res.chosen) == 1 and res.stop == "max_heads"

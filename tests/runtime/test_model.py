@@ -5,9 +5,6 @@ import torch
 
 from dustin_runtime.attention import TorchAttention
 from dustin_runtime.loader import load_model
-from tests.conftest import TINY
-
-KINDS = sorted(TINY)
 
 
 def hf_logits(hf, tokens):
@@ -15,11 +12,10 @@ def hf_logits(hf, tokens):
         return hf(tokens).logits.float()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_logits_match_transformers(tiny_hf, kind):
-    folder, hf = tiny_hf(kind)
+def test_logits_match_transformers(tiny_hf, tiny_kind):
+    folder, hf = tiny_hf(tiny_kind)
     ours, _ = load_model(str(folder))
-    tokens = torch.randint(0, TINY[kind]["vocab_size"], (3, 45), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, ours.cfg.vocab_size, (3, 45), generator=torch.Generator().manual_seed(1))
     ref = hf_logits(hf, tokens)
     cache = ours.allocate_cache(3, 64)
     out = ours(tokens, cache, TorchAttention(), phase="prefill")
@@ -32,7 +28,7 @@ def test_chunked_prefill_then_decode_equals_one_forward(tiny_hf, kind):
     folder, _ = tiny_hf(kind, seed=3)
     model, _ = load_model(str(folder))
     T = 53
-    tokens = torch.randint(0, TINY[kind]["vocab_size"], (1, T), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, model.cfg.vocab_size, (1, T), generator=torch.Generator().manual_seed(2))
     full = model(tokens, model.allocate_cache(1, 80), TorchAttention(), phase="prefill")  # [1, T, V]
     cache = model.allocate_cache(1, 80)
     got = []

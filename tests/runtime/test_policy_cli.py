@@ -3,25 +3,12 @@ models, a budget below sinks + window and a missing profile are refused with one
 policy at a budget covering the context gives the tokens of full verification."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from dustin_profile.artifact import HeadChoice, Profile, model_info
 from dustin_runtime.loader import load_model
 from dustin_runtime.tokenizer import load_tokenizer, vocab_hash
-from tests.conftest import assert_one_line_error, tiny_with_tokenizer
-
-
-def run(*args, ok=False):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "dustin.cli", *args], capture_output=True, text=True, timeout=300,
-                       env=env)
-    if ok:
-        assert p.returncode == 0, p.stderr
-    return p
 
 
 def write_profile(path, target_dir, draft_dir, *, sinks=4, window=16, budget=64, m=20):
@@ -45,11 +32,11 @@ def write_profile(path, target_dir, draft_dir, *, sinks=4, window=16, budget=64,
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, shared_dir):
+def setup(tmp_path_factory, tiny_with_tokenizer):
     root = tmp_path_factory.mktemp("policy-cli")
-    t = tiny_with_tokenizer(root / "t", shared_dir, "llama3")
-    d = tiny_with_tokenizer(root / "d", shared_dir, "llama3", num_hidden_layers=1)
-    other = tiny_with_tokenizer(root / "o", shared_dir, "llama3", num_hidden_layers=3)
+    t = tiny_with_tokenizer(root / "t", "llama3")
+    d = tiny_with_tokenizer(root / "d", "llama3", num_hidden_layers=1)
+    other = tiny_with_tokenizer(root / "o", "llama3", num_hidden_layers=3)
     prompts = root / "batch.jsonl"
     prompts.write_text('{"prompt": "It was the best of times, it was the worst of times, it was the age of wisdom"}\n'
                        '{"prompt": "Call me Ishmael. Some years ago", "max_new_tokens": 6}\n')
@@ -62,33 +49,33 @@ def common(s, *extra):
             "--max-new-tokens", "8", "--gamma", "3", *extra]
 
 
-def test_profile_for_another_model_is_refused(setup):
-    p = run(*common(setup, "--policy", "dustin", "--profile", str(setup["foreign"])))
+def test_profile_for_another_model_is_refused(setup, run_cli, assert_one_line_error):
+    p = run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["foreign"])))
     assert_one_line_error(p, "foreign.json was made for target")
 
 
-def test_budget_below_sinks_plus_window_is_refused(setup):
-    p = run(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "10"))
+def test_budget_below_sinks_plus_window_is_refused(setup, run_cli, assert_one_line_error):
+    p = run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "10"))
     assert_one_line_error(p, "budget 10 is smaller than sinks + window (4 + 16)")
-    p = run(*common(setup, "--policy", "streamingllm", "--budget", "32", "--window", "40"))
+    p = run_cli(*common(setup, "--policy", "streamingllm", "--budget", "32", "--window", "40"))
     assert_one_line_error(p, "budget 32 is smaller than sinks + window (4 + 40)")
 
 
-def test_head_policy_without_profile_and_unknown_policy_are_refused(setup):
-    assert_one_line_error(run(*common(setup, "--policy", "dustin")), "needs retrieval heads", "--profile")
-    assert_one_line_error(run(*common(setup, "--policy", "h2o")), "unknown policy 'h2o'")
-    p = run("decode", "--target", str(setup["t"]), "--prompt", "hi", "--policy", "quest", "--budget", "128")
+def test_head_policy_without_profile_and_unknown_policy_are_refused(setup, run_cli, assert_one_line_error):
+    assert_one_line_error(run_cli(*common(setup, "--policy", "dustin")), "needs retrieval heads", "--profile")
+    assert_one_line_error(run_cli(*common(setup, "--policy", "h2o")), "unknown policy 'h2o'")
+    p = run_cli("decode", "--target", str(setup["t"]), "--prompt", "hi", "--policy", "quest", "--budget", "128")
     assert_one_line_error(p, "give --draft")
 
 
-def test_sparse_policy_records_arr_and_full_budget_matches_full(setup):
-    full = json.loads(run(*common(setup, "--json"), ok=True).stdout.strip().splitlines()[-1])
-    small = json.loads(run(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "24",
-                                   "--measure-arr", "--json"), ok=True).stdout.strip().splitlines()[-1])
+def test_sparse_policy_records_arr_and_full_budget_matches_full(setup, run_cli):
+    full = json.loads(run_cli(*common(setup, "--json"), ok=True).stdout.strip().splitlines()[-1])
+    small = json.loads(run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "24",
+                                       "--measure-arr", "--json"), ok=True).stdout.strip().splitlines()[-1])
     s = small["stats"]
     assert s["policy"] == "dustin" and s["extra"]["budget"] == 24 and s["extra"]["m"] == 2
     assert 0 < s["extra"]["arr"] <= 1 and len(s["extra"]["arr_per_sequence"]) == 2
     assert "mean_accepted" in s and "mean_tokens_per_step" in s
-    big = json.loads(run(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "4096",
-                                 "--json"), ok=True).stdout.strip().splitlines()[-1])
+    big = json.loads(run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "4096",
+                                     "--json"), ok=True).stdout.strip().splitlines()[-1])
     assert big["tokens"] == full["tokens"]

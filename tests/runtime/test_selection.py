@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from dustin_runtime.arr import ArrMeter, TrueAttention, attention_probs
 from dustin_runtime.attention import ForwardContext, reference_attention
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.measures import ArrMeter, TrueAttention, attention_probs
 from dustin_runtime.ops import SparseOps
 from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
 from dustin_runtime.signals import DraftLookahead, TargetHistory
@@ -45,8 +45,8 @@ def test_quest_pages_follow_commits_and_rollbacks():
     k = torch.randn(B, G, N, D, generator=g)
     lens = torch.tensor([20, 33, 47], dtype=torch.int32)
     pages = QuestPages(1, B, G, N, D, page, span, torch.float32, "cpu")
-    for _ in range(8):
-        pages.refresh(0, k, lens)
+    for i in range(8):
+        pages.refresh(0, k, lens, full=i == 0)
         lo, hi = _pages_from_scratch(k, lens, page)
         live = -(-int(lens.max()) // page)
         for b in range(B):
@@ -69,7 +69,7 @@ def test_quest_bounds_are_upper_bounds_and_pick_the_hot_page():
     lens = torch.tensor([96, 70], dtype=torch.int32)
     k[:, :, 40] = q.view(B, G, -1, D).mean(2) * 8  # row 40 (page 2) aligns with every query of its group
     pages = QuestPages(1, B, G, N, D, page, 4, torch.float32, "cpu")
-    pages.refresh(0, k, lens)
+    pages.refresh(0, k, lens, full=True)
     ub = pages.bounds(0, q)  # [B, G, P]
     logits = torch.einsum("bgrd,bgnd->bgrn", q.view(B, G, -1, D), k)  # [B, G, HG * M, N]
     for b in range(B):
@@ -138,16 +138,20 @@ def test_true_attention_and_arr_of_a_set():
     true.begin(ctx)
     out = true.attend(0, q, cache, ctx)
     assert torch.allclose(out, reference_attention(q, cache.k[0], cache.v[0], start), atol=1e-5)
-    assert torch.allclose(true.ctx.sum(1) + true.new, torch.ones(B))
+    # A: each query's attention on the context, renormalised (the new tokens' mass is left out)
+    share = p * (torch.arange(N) < start.view(B, 1, 1, 1))
+    share = share / share.sum(-1, keepdim=True)  # [B, G, HG * M, N]
+    assert torch.allclose(true.ctx, share.mean(dim=(1, 2)), atol=1e-6)
+    assert torch.allclose(true.ctx.sum(1), torch.ones(B))
     assert (true.ctx[0, 20:] == 0).all() and (true.ctx[1, 11:] == 0).all()
-    assert torch.allclose(true.layer_ctx[0].mean(1), true.ctx) and torch.allclose(true.layer_new[0].mean(1), true.new)
+    assert torch.allclose(true.layer_ctx[0].mean(1), true.ctx)
     every = torch.where(torch.arange(N) < start.view(B, 1), torch.arange(N), -1).to(torch.int32)
     meter = ArrMeter(B, 1, "cpu")
     meter.shared(true, every)
     assert torch.allclose(meter.step, torch.ones(B, dtype=torch.float64))
     some = every[:, :8].contiguous()
     meter.shared(true, some)
-    want = true.ctx[:, :8].sum(1) + true.new
+    want = true.ctx[:, :8].sum(1)
     assert torch.allclose(meter.step.float(), want) and (want < 1).all()
     meter.begin_layers()
     meter.layer(true, 0, some.view(B, 1, 8).expand(B, G, 8))
@@ -160,3 +164,32 @@ def test_config_budget_rules():
     assert small.m == round(222 / 444 * 60) and small.free == 60
     with pytest.raises(Exception, match="smaller than sinks"):
         cfg.with_budget(60)
+
+
+def test_arr_stays_in_unit_interval_under_rounding():
+    """A set covering the context has ARR exactly 1 however fp32 rounds A's terms; a query whose
+    attention sits almost all on the new tokens counts as much as any other."""
+    from dustin_runtime.recovery import context_attention, recovery
+
+    g = torch.Generator().manual_seed(5)
+    P, R, N = 64, 40, 997
+    logits = torch.randn(P, R, N, generator=g) * 6
+    logits[:, :, -5:] += 12.0  # most of the mass on the (last 5) new tokens
+    probs = torch.softmax(logits, -1)
+    L = torch.full((P,), N - 5)
+    A = context_attention(probs, L)  # [P, N]
+    ctx = probs[..., : N - 5]
+    want = (ctx / ctx.sum(-1, keepdim=True)).double().mean(1)
+    torch.testing.assert_close(A[:, : N - 5].double(), want, atol=1e-7, rtol=1e-5)
+    assert (A[:, N - 5:] == 0).all()
+    every = torch.arange(N, dtype=torch.int32).expand(P, N).clone()  # budget above the context
+    every[:, N - 5:] = -1
+    arr = recovery(A, every)
+    assert arr.dtype == torch.float64 and (arr <= 1.0).all() and (arr > 1 - 1e-6).all()
+    half = every[:, : (N - 5) // 2].contiguous()
+    torch.testing.assert_close(recovery(A, half), A[:, : (N - 5) // 2].double().sum(1))
+    meter = ArrMeter(P, 1, "cpu")
+    meter.step.copy_(recovery(A * (1 + 1e-6), every))  # rounding upwards is clamped
+    meter.commit(torch.ones(P, dtype=torch.bool))
+    s = meter.summary()
+    assert s["arr"] <= 1.0 and max(s["arr_per_sequence"]) <= 1.0

@@ -1,18 +1,12 @@
 """Speculative decoding's stats count only the drafts that were emitted: on every sequence the
 steps' (accepted + 1) add up to its new tokens, also on the last step, where --max-new-tokens cuts
-the accepted drafts. Today the cut drafts are counted (dustin_runtime/speculative.py records the
-raw accepted count n); the fix belongs there, see the strict xfail."""
-
-import pytest
+the accepted drafts (they were counted before)."""
 
 from dustin_runtime.loader import load_model
 from dustin_runtime.speculative import speculative_generate
-from tests.conftest import make_tiny_hf
 
 
-@pytest.mark.xfail(strict=True, reason="speculative.py counts accepted drafts past max_new_tokens (issue 12); "
-                                       "record min(n, emitted - 1) per live sequence instead of n")
-def test_accepted_counts_only_emitted_drafts(tmp_path):
+def test_accepted_counts_only_emitted_drafts(tmp_path, make_tiny_hf):
     make_tiny_hf("llama3", tmp_path / "m", vocab_size=64)
     model = load_model(str(tmp_path / "m"))[0]
     # the draft is the target: greedy drafts are all accepted, 5 tokens per step; 7 = 5 + 2 cut ones

@@ -1,20 +1,14 @@
-"""Test doubles for the evaluation harnesses: a character tokenizer and a scripted generator.
-
-Used only by tests; the real generator is the runtime's and the real tokenizer is Hugging Face's.
+"""Fixtures of the evaluation tests: a character tokenizer and a scripted generator (test doubles
+of a Hugging Face tokenizer and of the runtime's generator, which the harnesses take as arguments).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
+
+import pytest
 
 from dustin_eval.generator import GenerationResult
-
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-QWEN3 = SHARED / "tokenizers" / "qwen3"
-LLAMA3 = SHARED / "tokenizers" / "llama3"
-MULTI_NEWS = SHARED / "longbench" / "multi_news.jsonl"
-GUTENBERG_EVAL = SHARED / "corpus" / "gutenberg" / "eval"
 
 
 class CharTokenizer:
@@ -77,3 +71,14 @@ class ScriptedGenerator:
                 GenerationResult(tokens=tokens[:limit], stats={"accept_len": 2.0, "steps": 3})
             )
         return out
+
+
+@pytest.fixture
+def char_tokenizer() -> CharTokenizer:
+    return CharTokenizer()
+
+
+@pytest.fixture
+def scripted_generator() -> type[ScriptedGenerator]:
+    """The class: scripted_generator(tokenizer, respond, fail_on_call=None)."""
+    return ScriptedGenerator

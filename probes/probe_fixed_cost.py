@@ -7,7 +7,7 @@ and the sparse kernel itself at a
 budget of 16, 64 and 512 rows (72B shape, 32k, batch 16). The gap between (b)/(c) and the sparse
 kernel at a small budget is the part of its fixed cost that a different kernel could remove.
 
-Usage (device): python3 scripts/probe_fixed_cost.py OUT.json
+Usage (device): python3 probes/probe_fixed_cost.py OUT.json
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from common import graph_us
 from dustin_kernels import sparse_verify_attention
 from dustin_kernels._util import pdl_supported
 
-from dustin_eval.bench_attention import environment, graph_ms, random_index_sets, verify_buffers
+from dustin_eval.bench_attention import random_index_sets, verify_buffers
+from dustin_runtime.provenance import environment
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -68,11 +70,6 @@ def _gather_sum(IDX, K, V, OUT, rows_per_prog, n_splits, n_ctx,
     tl.store(OUT + (pair * n_splits + split) * D + rd, tl.sum(acc, 0).to(OUT.dtype.element_ty))
 
 
-def graph_us(fn, n: int = 24) -> float:
-    """Median per-call time (us) of fn(0..n-1) captured back to back in one CUDA graph."""
-    return graph_ms([lambda i=i: fn(i) for i in range(n)])["median_ms"] * 1e3
-
-
 def main(path: str) -> None:
     dev = torch.device("cuda")
     B, H, G, D, N, M = 16, 64, 8, 128, 32768, 5
@@ -105,7 +102,7 @@ def main(path: str) -> None:
         recs[f"sparse_S{S}"] = graph_us(lambda i, sets=sets: sparse_verify_attention(
             qs[i % 12], ks[i % 12], vs[i % 12], sets[i % 12], lens, out=outs[i % 12]))
     res = {"gpu": torch.cuda.get_device_name(0), "programs": P, "pdl": pdl, "per_call_us": recs,
-           "environment": environment("python3 scripts/probe_fixed_cost.py " + path)}
+           "environment": environment("python3 probes/probe_fixed_cost.py " + path)}
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     for k, v in recs.items():

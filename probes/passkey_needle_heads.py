@@ -3,7 +3,7 @@ records one verification pass at the answer with the profiler's recorder and pri
 the share of its history signal that falls on the needle, the heads of a profile, and how many
 needle rows the every-head (target-only) ranking keeps at S = 256.
 
-    python scripts/passkey_needle_heads.py [profiles/smollm2-draft.json]
+    python probes/passkey_needle_heads.py [profiles/smollm2-draft.json]
 """
 
 import sys

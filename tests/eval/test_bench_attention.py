@@ -9,6 +9,7 @@ import torch
 
 from dustin_eval import bench_attention as ba
 from dustin_runtime.errors import DustinError
+from dustin_runtime.presets import preset
 
 
 def test_parse_list_and_result_path():
@@ -20,26 +21,18 @@ def test_parse_list_and_result_path():
     assert ba.result_path(Path("results/bench"), cfg).name == "attention-qwen2.5-72b-32768-16-512.json"
 
 
-def test_shape_table():
-    s = ba.SHAPES["qwen2.5-72b"]
-    assert (s.heads, s.kv_heads, s.head_dim, s.layers) == (64, 8, 128, 80)
-    assert all(v.heads % v.kv_heads == 0 for v in ba.SHAPES.values())
+def test_shapes_come_from_the_presets():
+    s = ba.attention_shape("qwen2.5-72b")
+    assert (s.name, s.heads, s.kv_heads, s.head_dim, s.layers) == ("qwen2.5-72b", 64, 8, 128, 80)
+    c = preset("llama-3-70b")  # an alias keeps its name in the record
+    s = ba.attention_shape("llama-3-70b")
+    assert (s.name, s.heads, s.kv_heads, s.head_dim, s.layers) == (
+        "llama-3-70b", c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers)
+    with pytest.raises(DustinError, match="unknown model shape 'gpt-9'"):
+        ba.attention_shape("gpt-9")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_needs_a_gpu():
     with pytest.raises(DustinError, match="CUDA GPU"):
         ba.run_attention_bench(ba.BenchConfig(shape="qwen2.5-72b", context=1024, batch=1, budget=64), "test")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke form; the GPU form is the probe itself")
-def test_probe_round3_small_runs_every_path_and_checks_it():
-    """The round-3 probe (early rows, small tiles, the rope neighbour) at tiny shapes in the
-    interpreter: each record carries its error against the fp32 reference."""
-    from dustin_eval.probe_sparse import probe_round3
-
-    res = probe_round3(small=True)
-    checked = [r for r in res["records"] if "rel_err" in r]
-    assert {r["kernel"] for r in checked} == {"sparse", "rope_then_sparse"}
-    assert len(checked) >= 6 and all(r["rel_err"] <= 1e-5 for r in checked)
-    assert not any("error" in r for r in res["records"])

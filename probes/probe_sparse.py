@@ -6,6 +6,11 @@ against the fp32 reference.
 
     python -m dustin_eval.probe_sparse OUT.json [--small] [--only=1,5,7] [--no-sweep]
     python -m dustin_eval.probe_sparse OUT.json --srh [--small]   # srh_scores configurations
+
+Recorded runs: probes/results/probe-round3*.json, probe-rope-*.json, probe-srh-*.json. It sets
+kernel keywords that were removed once measured (early, prefetch, prefetch_rows, pass2,
+probs_pad): it runs against commit 9542e17 (`git checkout 9542e17`), as the module
+`dustin_eval.probe_sparse` shown above.
 """
 
 from __future__ import annotations

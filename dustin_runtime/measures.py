@@ -3,10 +3,10 @@
 One side pass per step: before the sparse pass, the target runs full verification of the step's
 tokens through `TrueAttention`, which keeps the exact attention of the gamma + 1 verification
 queries. It serves
-- ARR (`--measure-arr`): the mean over target layers, query heads and verification queries of the
-  true (full-verification) attention mass on the verification set plus the new tokens
-  (notes/SPARSE_DESIGN.md); for one shared set, by linearity, sum_{i in I} A[i] + new; for
-  per-layer, per-KV-head sets (Quest) layer by layer;
+- ARR (`--measure-arr`, defined in `recovery`): the share of the true (full-verification)
+  attention on the context that the verification set keeps, mean over target layers, query heads
+  and verification queries; for one shared set, by linearity, sum_{i in I} A[i]; for per-layer,
+  per-KV-head sets (Quest) layer by layer;
 - the oracle's ranking (A itself);
 - paired acceptance: what full verification accepts on the same context and drafts.
 The side pass writes the new tokens' K/V rows; the sparse pass rewrites them."""
@@ -18,6 +18,7 @@ import math
 import torch
 
 from dustin_runtime.attention import AttentionBackend
+from dustin_runtime.recovery import context_attention, recovery
 
 
 def attention_probs(
@@ -37,43 +38,30 @@ def attention_probs(
     return torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
 
 
-def mass_on(attn: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """attn [B, N] or [B, G, N] summed over indices [B, S] / [B, G, S] (-1 = none)."""
-    return (attn.gather(-1, indices.clamp_min(0).long()) * (indices >= 0)).sum(-1)
-
-
 class TrueAttention(AttentionBackend):
     """Full verification with explicit probabilities (`probs @ v`). Per pass it keeps, in
-    caller-owned buffers, the mean over layers, heads and queries of each context row's attention
-    `ctx` [B, N_max] and of the new tokens' mass `new` [B]; with `per_layer`, also each layer's mean
-    over every KV head's query heads and the queries, `layer_ctx[l]` [B, G, N_max] and `layer_new[l]` [B, G]."""
+    caller-owned buffers, A of `recovery.context_attention` averaged over layers, heads and queries,
+    `ctx` [B, N_max]; with `per_layer`, also each layer's, averaged over every KV head's query heads
+    and the queries, `layer_ctx[l]` [B, G, N_max]."""
 
     def __init__(self, batch: int, max_len: int, num_layers: int, kv_heads: int, device, per_layer: bool = False):
         self.num_layers = num_layers
         self.ctx = torch.zeros(batch, max_len, dtype=torch.float32, device=device)
-        self.new = torch.zeros(batch, dtype=torch.float32, device=device)
-        self.layer_ctx = self.layer_new = None
+        self.layer_ctx = None
         if per_layer:
             self.layer_ctx = torch.zeros(num_layers, batch, kv_heads, max_len, dtype=torch.float32, device=device)
-            self.layer_new = torch.zeros(num_layers, batch, kv_heads, dtype=torch.float32, device=device)
 
     def begin(self, ctx):
         self.ctx.zero_()
-        self.new.zero_()
 
     def attend(self, layer, q, cache, ctx):
         B, H, M, D = q.shape
         k, v = cache.k[layer], cache.v[layer]
-        N = k.shape[2]
         probs = attention_probs(q, k, ctx.start)  # [B, G, HG * M, N]
-        rows = (torch.arange(N, device=q.device).view(1, 1, 1, N) < ctx.start.view(B, 1, 1, 1))
-        on_ctx = (probs * rows).mean(2)  # [B, G, N]: mean over the group's heads and queries
-        new = 1.0 - on_ctx.sum(-1)  # [B, G]
+        on_ctx = context_attention(probs, ctx.start)  # [B, G, N]
         self.ctx += on_ctx.mean(1) / self.num_layers
-        self.new += new.mean(1) / self.num_layers
         if self.layer_ctx is not None:
             self.layer_ctx[layer].copy_(on_ctx)
-            self.layer_new[layer].copy_(new)
         return (probs @ v.float()).view(B, H, M, D).to(q.dtype)
 
 
@@ -86,17 +74,20 @@ class ArrMeter:
         self.total = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
 
+    def reset(self) -> None:
+        for t in (self.step, self.total, self.count):
+            t.zero_()
+
     def shared(self, true: TrueAttention, indices: torch.Tensor) -> None:
         """This pass's ARR of one set per sequence, indices [B, S]."""
-        self.step.copy_(mass_on(true.ctx, indices) + true.new)
+        self.step.copy_(recovery(true.ctx, indices))
 
     def begin_layers(self) -> None:
         self.step.zero_()
 
     def layer(self, true: TrueAttention, layer: int, indices: torch.Tensor) -> None:
         """One layer's share of ARR for per-KV-head sets indices [B, G, S]."""
-        got = mass_on(true.layer_ctx[layer], indices) + true.layer_new[layer]  # [B, G]
-        self.step += got.mean(1).double() / self.num_layers
+        self.step += recovery(true.layer_ctx[layer], indices).mean(1) / self.num_layers  # [B]
 
     def commit(self, live: torch.Tensor) -> None:
         """End of a step: count this pass for the live sequences [B] bool."""
@@ -107,7 +98,8 @@ class ArrMeter:
         """{"arr": mean over steps and sequences, "arr_per_sequence": [...]} (one host sync)."""
         total, count = self.total.cpu(), self.count.cpu()
         per = (total / count.clamp_min(1)).tolist()
-        return {"arr": float(total.sum() / count.sum().clamp_min(1)), "arr_per_sequence": per}
+        arr = float((total.sum() / count.sum().clamp_min(1)).clamp(0.0, 1.0))
+        return {"arr": arr, "arr_per_sequence": [min(max(a, 0.0), 1.0) for a in per]}
 
 
 class PairedAcceptance:
@@ -121,6 +113,10 @@ class PairedAcceptance:
         self.sum_policy = torch.zeros(batch, dtype=torch.float64, device=device)
         self.same = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
+
+    def reset(self) -> None:
+        for t in (self.full, self.sum_full, self.sum_policy, self.same, self.count):
+            t.zero_()
 
     def measure(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """logits [B, gamma + 1, V] of a full pass over tokens [B, gamma + 1] (cur, d_1..d_gamma)."""

@@ -1,8 +1,9 @@
-"""Attention Recovery Rate (ARR) of verification sets on recorded calibration statistics.
+"""Attention Recovery Rate (ARR, defined in `dustin_runtime.recovery`) of verification sets on
+recorded calibration statistics.
 
-For one verification pass with context L, A [L] is the target's true attention averaged over
-layers, query heads and the gamma + 1 verification queries, and `new` the average mass on the new
-tokens. By linearity ARR(I) = sum_{i in I} A[i] + new, so ARR = 1 when I covers the context.
+For one verification pass with context L, A [L] is `context_attention` of the target's true
+verification attention, averaged over layers, query heads and the gamma + 1 verification queries.
+By linearity ARR(I) = sum_{i in I} A[i], so ARR = 1 when I covers the context.
 
 The runtime's set (`select_indices`): sinks [0, sinks) + window [L - window, L) + the top-m of
 the draft signal over the middle + the top (F - m) of the target signal over what remains, with
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dustin_runtime.recovery import recovery
+
 
 @dataclass
 class CalibStats:
@@ -23,18 +26,12 @@ class CalibStats:
 
     lengths: torch.Tensor  # [P] int64: context rows L of each pass
     attn: torch.Tensor  # [P, N] fp32: A (0 past L)
-    new_mass: torch.Tensor  # [P] fp32
     draft: torch.Tensor  # [Cd, P, N] fp32: draft lookahead signal of each draft KV head
     target: torch.Tensor  # [Ct, P, N] fp32: target history signal of each target KV head
     layer_attn: torch.Tensor | None = None  # [P, Lt, N] fp16: per-layer A
-    layer_new: torch.Tensor | None = None  # [P, Lt]
     quest: torch.Tensor | None = None  # [P, Lt, nb]: Quest's per-layer ARR at `quest_budgets`
     quest_budgets: tuple[int, ...] = ()
     weight: torch.Tensor | None = None  # [P] fp32 summing to 1 (None: every pass counts the same)
-
-    @property
-    def num_passes(self) -> int:
-        return self.attn.shape[0]
 
     def average(self, x: torch.Tensor) -> torch.Tensor:
         """Mean of per-pass values x [..., P] over the passes, with the pass weights if any."""
@@ -58,21 +55,22 @@ def ranking(signal: torch.Tensor, middle: torch.Tensor, top: int) -> torch.Tenso
 
 
 def _base(stats: CalibStats, sinks: int, window: int) -> torch.Tensor:
-    """[P]: the mass on sinks + window + new tokens."""
+    """[P] fp64: the share on sinks + window."""
     P, N = stats.attn.shape
     pos = torch.arange(N, device=stats.attn.device)
     L = stats.lengths.view(-1, 1)
     fixed = (pos < L) & ((pos < sinks) | (pos >= L - window))
-    return (stats.attn * fixed).sum(1) + stats.new_mass
+    return (stats.attn.double() * fixed).sum(1)
 
 
 def arr_from_rankings(stats: CalibStats, base: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
                       free: int, ms: list[int], budget: int) -> torch.Tensor:
-    """[K, P] ARR for each m in `ms`, from the draft ranking `first` and target ranking `second`."""
-    A = stats.attn
+    """[K, P] ARR (fp64, in [0, 1]) for each m in `ms`, from the draft ranking `first` and target
+    ranking `second`."""
+    A = stats.attn.double()
     P, F = first.shape
     dev = A.device
-    cum1 = torch.cat([torch.zeros(P, 1, device=dev), A.gather(1, first).cumsum(1)], dim=1)  # [P, F + 1]
+    cum1 = torch.cat([torch.zeros(P, 1, device=dev, dtype=A.dtype), A.gather(1, first).cumsum(1)], dim=1)  # [P, F + 1]
     rank1 = torch.full_like(A, F, dtype=torch.long).scatter_(1, first, torch.arange(F, device=dev).expand(P, F))
     r2 = rank1.gather(1, second)  # [P, F]
     a2 = A.gather(1, second)
@@ -81,7 +79,7 @@ def arr_from_rankings(stats: CalibStats, base: torch.Tensor, first: torch.Tensor
     keep = avail & (avail.cumsum(-1) <= (free - mt).view(-1, 1, 1))
     out = base + cum1[:, mt.clamp_max(F)].T + (a2 * keep).sum(-1)  # [K, P]
     full = stats.lengths <= budget
-    return torch.where(full, A.sum(1) + stats.new_mass, out)
+    return torch.where(full, A.sum(1), out).clamp(0.0, 1.0)
 
 
 def arr_grid(stats: CalibStats, primary: torch.Tensor | None, secondary: torch.Tensor | None, *,
@@ -112,22 +110,12 @@ def select(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, wi
     return sel(prim, sec, lens, budget=budget, sinks=sinks, window=window, m=m)
 
 
-def mass_on(weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Sum of weights [P, ..., N] over the index sets idx [P, S] (-1 = none): [P, ...]."""
-    valid = idx >= 0
-    i = idx.clamp_min(0).long()
-    if weights.dim() == 2:
-        return (weights.gather(1, i) * valid).sum(-1)
-    w = weights.float().gather(2, i.unsqueeze(1).expand(-1, weights.shape[1], -1))
-    return (w * valid.unsqueeze(1)).sum(-1)
-
-
 def arr_exact(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, window: int, m: int) -> torch.Tensor:
     """[P] ARR of the set `select_indices` picks."""
     idx = select(stats, primary, secondary, budget=budget, sinks=sinks, window=window, m=m)
-    return mass_on(stats.attn, idx) + stats.new_mass
+    return recovery(stats.attn, idx)
 
 
 def layer_arr(stats: CalibStats, idx: torch.Tensor) -> torch.Tensor:
     """[Lt] per-layer ARR of index sets idx [P, S], averaged over passes."""
-    return stats.average((mass_on(stats.layer_attn, idx) + stats.layer_new).T)  # [Lt]
+    return stats.average(recovery(stats.layer_attn.float(), idx).T)  # [Lt]

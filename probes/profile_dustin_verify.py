@@ -2,7 +2,7 @@
 (Qwen2.5-7B shape, random weights, batch 16, 32k, S 512, 4 SRH KV heads) captured in a CUDA graph,
 replayed under the torch profiler; prints the kernels by total GPU time.
 
-    python scripts/profile_dustin_verify.py [config] [batch] [context]
+    python probes/profile_dustin_verify.py [config] [batch] [context]
 """
 
 import sys
@@ -10,7 +10,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dustin_eval.bench_decode import _fill_cache, sparse_verify_step
+from dustin_eval.bench_decode import fill_cache, sparse_verify_step
 from dustin_runtime.loader import random_model
 from dustin_runtime.presets import default_draft, preset
 
@@ -20,7 +20,7 @@ def main(config: str = "qwen2.5-7b", batch: str = "16", context: str = "32768") 
     tcfg, dcfg = preset(config), preset(default_draft(config))
     model = random_model(tcfg, dtype=torch.bfloat16, device="cuda").use_kernels()
     draft = random_model(dcfg, dtype=torch.bfloat16, device="cuda")
-    cache = _fill_cache(model, B, L, gamma + 2)
+    cache = fill_cache(model, B, L, gamma + 2)
     tok = torch.randint(0, tcfg.vocab_size, (B, gamma + 1), device="cuda")
     step, _ = sparse_verify_step(model, draft, cache, tok, budget=512, srh=4, gamma=gamma)
     for _ in range(3):

@@ -1,0 +1,413 @@
+"""`dustin bench e2e`: the decoding loop users run, timed end to end per verification policy.
+
+Each policy runs through `generate` / `speculative_generate`, the functions `dustin decode` calls,
+with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive decoding), `full`
+(standard speculative decoding), `dustin`, `streamingllm`, `quest`; `dustin-vs` and
+`streamingllm-vs` draft over the verification set (`--draft-kv verify-set`) instead of the draft's
+whole cache. With preset shapes
+(`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
+on values; the position limit is raised to context + new tokens), the caches hold `context` random
+rows, and acceptance is replayed: random weights
+accept nothing, so only the accept decision is overridden, by per-step accepted counts drawn from
+`geometric:ALPHA` (each draft accepted with probability ALPHA given the earlier ones were,
+truncated at gamma) or read from a JSONL of counts a real pair recorded (`dustin decode --json`);
+drafting, selection, verification and the cache advance run exactly as in production. With model
+checkpoints (a folder, a .gguf, `smollm2`) the prompts are book windows, prefill is real and so is
+acceptance.
+
+Per policy: a first call captures the graphs, a second is timed (`ms_per_step`: wall time of the
+steps over their number, prefill excluded; `tokens_per_s`: the whole batch). Then every phase
+graph is replayed alone (state restored between replays): their sum is the loop's floor,
+`graph_phase_sum_ms`. `byte_floor_ms` is the bytes a step must read (weights, KV rows, retrieval
+keys) over the copy bandwidth measured in the same run. A sweep over alpha (replayed counts only)
+gives tokens/s per policy and alpha, plotted."""
+
+from __future__ import annotations
+
+import gc
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dustin_runtime.engine import Engine
+from dustin_runtime.errors import DustinError
+from dustin_runtime.generate import cache_capacity, generate
+from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.speculative import AcceptReplay, speculative_generate
+
+AR = "ar"
+SPARSE_DRAFT = "-vs"  # suffix: the policy with sparse drafting (the draft attends the verification set)
+POLICIES = (AR, "full", "dustin", "streamingllm", "quest", "dustin-vs", "streamingllm-vs")
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    """What to run (see the module docstring)."""
+
+    target: str = "qwen2.5-7b"  # a preset shape (random weights) or a checkpoint
+    draft: str | None = None  # default: the preset's usual draft
+    batch: int = 16
+    context: int = 32768
+    gamma: int = 4
+    budget: int = 512
+    policies: tuple[str, ...] = POLICIES
+    acceptance: str = "geometric:0.8"
+    new_tokens: int = 64
+    srh: int = 4  # target retrieval KV heads of the dustin policy (over 2 layers)
+    draft_srh: int = 2  # draft retrieval KV heads (its lookahead signal)
+    m: int = 112  # rows of the set chosen by the draft's lookahead (of budget - sinks - window)
+    sinks: int = 4
+    window: int = 64
+    alphas: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)
+    phase_reps: int = 20
+    seed: int = 0
+
+    def check(self) -> None:
+        bad = [p for p in self.policies if p not in POLICIES]
+        if bad:
+            raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(POLICIES)}")
+        if not self.policies:
+            raise DustinError("give at least one policy")
+        for name, v in (("batch", self.batch), ("gamma", self.gamma), ("new tokens", self.new_tokens),
+                        ("phase reps", self.phase_reps)):
+            if v < 1:
+                raise DustinError(f"{name} must be >= 1, got {v}")
+        if self.context < 2 * (self.gamma + 2):
+            raise DustinError(f"context {self.context} is too short for gamma {self.gamma}")
+        if any(not 0.0 <= a <= 1.0 for a in self.alphas):
+            raise DustinError(f"alphas must lie in [0, 1], got {list(self.alphas)}")
+        SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m)  # refuses bad sets
+
+
+# ---------------------------------------------------------------- replayed acceptance
+
+
+def geometric_counts(alpha: float, gamma: int, steps: int, batch: int, seed: int) -> torch.Tensor:
+    """[steps, batch] accepted counts: each draft accepted with probability alpha once the earlier
+    ones were, truncated at gamma (P(n >= k) = alpha^k for k <= gamma)."""
+    g = torch.Generator().manual_seed(seed)
+    ok = torch.rand(steps, batch, gamma, generator=g, dtype=torch.float64) < alpha
+    return ok.long().cumprod(-1).sum(-1)
+
+
+def recorded_counts(path: Path, gamma: int, steps: int, batch: int) -> torch.Tensor:
+    """[steps, batch] counts from a JSONL of `dustin decode --json` records (stats.accepted
+    [steps][B], -1 = finished) or {"accepted": [[...]]} lines: sequence b of the bench replays
+    the recorded sequence b mod R, cycling over its steps."""
+    if not path.is_file():
+        raise DustinError(f"--acceptance {path}: no such file")
+    streams = []
+    for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            stats = rec.get("stats", rec)
+            rows = stats["accepted"]
+            g = stats.get("gamma")
+            cols = list(zip(*rows, strict=True)) if rows else []
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
+            raise DustinError(f"{path}:{i}: expected a `dustin decode --json` record (stats.accepted)") from None
+        if g is not None and g != gamma:
+            raise DustinError(f"{path}:{i}: counts recorded at gamma {g}, the bench runs gamma {gamma}")
+        for col in cols:
+            seq = [int(a) for a in col if int(a) >= 0]
+            if any(a > gamma for a in seq):
+                raise DustinError(f"{path}:{i}: an accepted count exceeds gamma {gamma}")
+            if seq:
+                streams.append(seq)
+    if not streams:
+        raise DustinError(f"{path}: no accepted counts in it")
+    out = torch.zeros(steps, batch, dtype=torch.long)
+    for b in range(batch):
+        s = streams[b % len(streams)]
+        out[:, b] = torch.tensor([s[t % len(s)] for t in range(steps)])
+    return out
+
+
+def replay_counts(spec: str, gamma: int, steps: int, batch: int, seed: int) -> torch.Tensor:
+    """The counts of an --acceptance spec: `geometric:ALPHA` or a JSONL path."""
+    if spec.startswith("geometric:"):
+        try:
+            alpha = float(spec.split(":", 1)[1])
+        except ValueError:
+            alpha = float("nan")
+        if not 0.0 <= alpha <= 1.0:
+            raise DustinError(f"--acceptance {spec!r}: ALPHA must be a number in [0, 1]")
+        return geometric_counts(alpha, gamma, steps, batch, seed)
+    return recorded_counts(Path(spec), gamma, steps, batch)
+
+
+# ---------------------------------------------------------------- models and prompts
+
+
+@dataclass
+class Pair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    target_id: str
+    draft_id: str
+    random: bool  # random weights at preset shapes (replayed acceptance)
+    prompts: list[list[int]]
+    eos: tuple[int, ...] = ()
+
+
+def load_pair(cfg: E2EConfig) -> Pair:
+    """Random-weight models at preset shapes, or checkpoints with book-window prompts."""
+    from dustin_runtime.presets import PRESETS, default_draft, preset
+
+    names = set(PRESETS)
+    if cfg.target.lower() in names or cfg.target.lower() in {"llama-3-8b", "llama-3-70b"}:
+        from dustin_runtime.loader import random_model
+
+        dname = cfg.draft or default_draft(cfg.target)
+        rows = cfg.context + cfg.new_tokens + 2 * (cfg.gamma + 1) + 1  # positions the run reaches
+        tcfg, dcfg = (replace(c, max_position_embeddings=max(c.max_position_embeddings, rows))
+                      for c in (preset(cfg.target), preset(dname)))
+        t = random_model(tcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed).use_kernels()
+        d = random_model(dcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed + 1).use_kernels()
+        g = torch.Generator().manual_seed(cfg.seed)
+        vocab = min(tcfg.vocab_size, dcfg.vocab_size)
+        prompts = torch.randint(0, vocab, (cfg.batch, cfg.context), generator=g).tolist()
+        return Pair(t, d, f"{cfg.target} (random weights)", f"{dname} (random weights)", True, prompts)
+    if cfg.draft is None:
+        raise DustinError("with a target checkpoint, give --draft too")
+    from dustin_eval.corpus import gutenberg_split, read_filler
+    from dustin_runtime.pipeline import load_pair as load_checkpoints
+    from dustin_runtime.tokenizer import eos_ids
+
+    tgt, drf = load_checkpoints(cfg.target, cfg.draft, dtype=torch.bfloat16, device="cuda")
+    tgt.model.use_kernels(), drf.model.use_kernels()
+    ids = tgt.tokenizer(read_filler(gutenberg_split("eval"), max_books=cfg.batch + 2),
+                        add_special_tokens=False)["input_ids"]
+    if len(ids) < cfg.batch * cfg.context:
+        raise DustinError(f"the eval books hold {len(ids)} tokens, fewer than batch x context")
+    prompts = [ids[b * cfg.context:(b + 1) * cfg.context] for b in range(cfg.batch)]
+    return Pair(tgt.model, drf.model, tgt.model_id, drf.model_id, False, prompts,
+                tuple(eos_ids(tgt.tokenizer, tgt.model.cfg.eos_token_ids)))
+
+
+def srh_heads(model_cfg, n: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """n retrieval KV heads (layer, kv_head, query heads) over 2 layers, at 1/3 and 2/3 depth."""
+    layers = (model_cfg.num_layers // 3, (2 * model_cfg.num_layers) // 3)
+    out = []
+    for j in range(n):
+        layer, g = layers[j % 2], (j // 2 * model_cfg.num_kv_heads) // max(1, (n + 1) // 2)
+        out.append((layer, g % model_cfg.num_kv_heads, tuple(range(g * model_cfg.n_rep, (g + 1) * model_cfg.n_rep))))
+    return tuple(out)
+
+
+def sparse_config(cfg: E2EConfig, pair: Pair) -> SparseConfig:
+    """The dustin set of the bench: `srh` target and `draft_srh` draft retrieval KV heads, m rows by
+    the draft's lookahead (the same budget, sinks and window serve streamingllm and quest)."""
+    return SparseConfig(budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=cfg.m,
+                        draft_heads=srh_heads(pair.draft.cfg, cfg.draft_srh) if cfg.m else (),
+                        target_heads=srh_heads(pair.target.cfg, cfg.srh), source="bench e2e")
+
+
+# ---------------------------------------------------------------- runs
+
+
+def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfig, counts: torch.Tensor | None):
+    from dustin_runtime.policies import make_policy
+
+    tail = cfg.gamma + 1
+    if policy == AR:
+        pre = cfg.context - 1 if pair.random else None
+        return generate(pair.target, pair.prompts, cfg.new_tokens, eos_ids=pair.eos, engine=eng, prefilled=pre)
+    if policy.endswith(SPARSE_DRAFT):
+        policy, scfg = policy.removesuffix(SPARSE_DRAFT), replace(scfg, draft_kv="verify-set")
+    hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
+    pre = cfg.context - 1 - tail if pair.random else None
+    return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
+                                eos_ids=pair.eos, engine=eng, prefilled=pre,
+                                replay=None if counts is None else AcceptReplay(counts))
+
+
+@torch.inference_mode()
+def time_phases(eng: Engine, reps: int) -> dict[str, float]:
+    """Median ms of each captured phase graph of the engine's last loop, replayed alone (the
+    lengths and bookkeeping a step changes are restored, untimed, before every replay)."""
+    from dustin_eval.timing import events_ms
+
+    st = eng.last
+    if st is None or not st.graphs.captured:
+        return {}
+    saved = [t.clone() for t in st.mutable]
+
+    def restore():
+        for t, s in zip(st.mutable, saved, strict=True):
+            t.copy_(s)
+
+    out = {name: events_ms(graph.replay, reps, setup=restore)["median_ms"] for name, graph in st.graphs.graphs.items()}
+    restore()
+    return out
+
+
+def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy_tbps: float) -> dict:
+    """Bytes one step must read at least, and that over the copy bandwidth (ms): weights once per
+    forward, the KV rows each attention reads, the retrieval heads' keys."""
+    t, d = pair.target.cfg, pair.draft.cfg
+    B, L, M, el = cfg.batch, cfg.context, cfg.gamma + 1, 2
+    w_t = sum(p.numel() * p.element_size() for p in pair.target.parameters())
+    w_d = sum(p.numel() * p.element_size() for p in pair.draft.parameters())
+    kv_row_t = t.kv_bytes_per_token(el)  # K and V of one token, all layers
+    draft_step = M * (w_d + B * L * d.kv_bytes_per_token(el))
+    if policy == AR:
+        target = w_t + B * L * kv_row_t
+        return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
+    if policy.endswith(SPARSE_DRAFT):  # the draft reads the set, the commits and its drafts, not its cache
+        policy = policy.removesuffix(SPARSE_DRAFT)
+        draft_step = M * (w_d + B * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
+    if policy == "full":
+        target = w_t + B * L * kv_row_t
+    else:
+        target = w_t + B * (cfg.budget + M) * kv_row_t
+        if policy == "dustin":  # each retrieval KV head's keys over the context, target and draft
+            target += B * L * el * (len(scfg.target_heads) * t.head_dim + len(scfg.draft_heads) * d.head_dim)
+        if policy == "quest":  # min and max key per page of 16, every layer and KV head
+            target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size * el
+    total = draft_step + target
+    return {"bytes": total, "ms": total / (copy_tbps * 1e12) * 1e3, "draft_bytes": draft_step,
+            "draft_ms": draft_step / (copy_tbps * 1e12) * 1e3}
+
+
+def _record(policy: str, res, source: str, phases: dict[str, float], floor: dict) -> dict:
+    s = res.stats
+    steps = max(s.steps, 1)
+    per_phase = {k: v / steps * 1e3 for k, v in s.seconds.items() if k in ("draft", "select", "verify", "decode", "other")}
+    graph_sum = sum(phases.values())
+    return {
+        "policy": policy,
+        "acceptance_source": source,
+        "mean_accepted": s.mean_accepted if s.mode == "speculative" else 0.0,
+        "steps": s.steps,
+        "new_tokens": sum(s.new_tokens),
+        "ms_per_step": s.ms_per_step,
+        "tokens_per_s": s.tokens_per_s,
+        "phase_ms": per_phase,
+        "graph_phase_ms": phases,
+        "graph_phase_sum_ms": graph_sum,
+        "loop_over_graph_sum": s.ms_per_step / graph_sum if graph_sum else None,
+        "byte_floor_ms": floor["ms"],
+        "byte_floor_bytes": floor["bytes"],
+        "fraction_of_byte_floor": floor["ms"] / s.ms_per_step if s.ms_per_step else None,
+        "draft_phase_of_byte_floor": (floor["draft_ms"] / phases["draft"]) if "draft" in phases and
+        "draft_ms" in floor else None,
+        "cuda_graphs": s.cuda_graphs,
+        "extra": {k: v for k, v in s.extra.items() if not isinstance(v, list)},
+    }
+
+
+def run_e2e(cfg: E2EConfig, command: str, on_record=None) -> dict:
+    """Every policy of `cfg` on one pair, one cache; returns the result record."""
+    if not torch.cuda.is_available():
+        raise DustinError("dustin bench e2e needs a CUDA GPU")
+    from dustin_eval.bench_attention import copy_bandwidth_tbps
+    from dustin_runtime.provenance import environment
+
+    cfg.check()
+    copy = copy_bandwidth_tbps()["tbps"]
+    pair = load_pair(cfg)
+    scfg = sparse_config(cfg, pair)
+    eng = Engine(pair.target, pair.draft, graphs=True)
+    max_steps = cfg.new_tokens + 1
+    if pair.random:  # the caches hold `context` random rows; prefill runs only the last gamma + 1
+        tc, dc = eng.caches(cfg.batch, cache_capacity(pair.prompts, [cfg.new_tokens] * cfg.batch, cfg.gamma),
+                            draft=True)
+        g = torch.Generator(device=pair.target.device).manual_seed(cfg.seed)
+        for t in tc.k + tc.v + dc.k + dc.v:
+            t.normal_(0.0, 1.0, generator=g)
+    source = cfg.acceptance if pair.random else "model"
+    counts = replay_counts(cfg.acceptance, cfg.gamma, max_steps, cfg.batch, cfg.seed) if pair.random else None
+    records = []
+    for policy in cfg.policies:
+        for _ in range(2):  # the first call captures the graphs, the second is timed
+            res = _run(pair, eng, policy, cfg, scfg, counts)
+        rec = _record(policy, res, AR if policy == AR else source, time_phases(eng, cfg.phase_reps),
+                      byte_floor(pair, policy, cfg, scfg, copy))
+        records.append(rec)
+        if on_record:
+            on_record(rec)
+    sweep = []
+    if pair.random and cfg.alphas:
+        for alpha in cfg.alphas:
+            c = geometric_counts(alpha, cfg.gamma, max_steps, cfg.batch, cfg.seed)
+            for policy in cfg.policies:
+                res = _run(pair, eng, policy, cfg, scfg, None if policy == AR else c)
+                sweep.append({"alpha": alpha, "policy": policy, "tokens_per_s": res.stats.tokens_per_s,
+                              "ms_per_step": res.stats.ms_per_step,
+                              "mean_accepted": res.stats.mean_accepted if policy != AR else 0.0})
+    by = {r["policy"]: r for r in records}
+    summary = {}
+    for r in records:
+        s = {}
+        if AR in by:
+            s["speedup_vs_ar"] = r["tokens_per_s"] / by[AR]["tokens_per_s"]
+        if "full" in by:
+            s["speedup_vs_full"] = r["tokens_per_s"] / by["full"]["tokens_per_s"]
+        summary[r["policy"]] = s
+    out = {
+        "benchmark": "e2e",
+        "config": asdict(cfg),
+        "models": {"target": pair.target_id, "draft": pair.draft_id,
+                   "target_params": pair.target.cfg.num_params(), "draft_params": pair.draft.cfg.num_params(),
+                   "weights": "random (N(0, 0.02)), bf16" if pair.random else "checkpoint, bf16"},
+        "shapes": {"batch": cfg.batch, "context": cfg.context, "gamma": cfg.gamma, "budget": cfg.budget,
+                   "new_tokens": cfg.new_tokens, "capacity": eng.tcache.max_len},
+        "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
+                   "target_heads": [list(h[:2]) for h in scfg.target_heads],
+                   "draft_heads": [list(h[:2]) for h in scfg.draft_heads]},
+        "copy_tbps": copy,
+        "records": records,
+        "summary": summary,
+        "alpha_sweep": sweep,
+        "environment": environment(command),
+    }
+    del eng, pair
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def result_path(out_dir: Path, res: dict) -> Path:
+    c = res["config"]
+    name = c["target"].rstrip("/").split("/")[-1].lower()
+    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}.json"
+
+
+def write_result(res: dict, out_dir: Path) -> Path:
+    path = result_path(out_dir, res)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=2) + "\n")
+    tmp.replace(path)
+    if res["alpha_sweep"]:
+        plot_alpha(res, path.with_name(path.stem + "-alpha.png"))
+    return path
+
+
+def plot_alpha(res: dict, path: Path) -> Path:
+    """Tokens/s against the replayed per-token acceptance alpha, one line per policy."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for policy in res["config"]["policies"]:
+        pts = [(r["alpha"], r["tokens_per_s"]) for r in res["alpha_sweep"] if r["policy"] == policy]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=policy)
+    c = res["config"]
+    ax.set_xlabel("per-token acceptance alpha (replayed)")
+    ax.set_ylabel("tokens / s (whole batch)")
+    ax.set_title(f"{c['target']}, batch {c['batch']}, context {c['context']}, gamma {c['gamma']}, S {c['budget']}",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
