@@ -33,6 +33,7 @@ import torch
 
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
+from dustin_runtime.files import atomic_path, atomic_write
 from dustin_runtime.generate import cache_capacity, generate
 from dustin_runtime.sparse import SparseConfig
 from dustin_runtime.speculative import AcceptReplay, speculative_generate
@@ -379,11 +380,7 @@ def result_path(out_dir: Path, res: dict) -> Path:
 
 
 def write_result(res: dict, out_dir: Path) -> Path:
-    path = result_path(out_dir, res)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=2) + "\n")
-    tmp.replace(path)
+    path = atomic_write(result_path(out_dir, res), json.dumps(res, indent=2) + "\n")
     if res["alpha_sweep"]:
         plot_alpha(res, path.with_name(path.stem + "-alpha.png"))
     return path
@@ -409,5 +406,6 @@ def plot_alpha(res: dict, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     return path
