@@ -106,7 +106,8 @@ class Engine:
         self.last: LoopState | None = None  # the state of the latest call
 
     def caches(self, batch: int, rows: int, *, draft: bool) -> tuple[KVCache, KVCache | None]:
-        """Empty caches (lengths 0) for `batch` sequences of at least `rows` rows: the current ones
+        """Empty caches (lengths 0) for `batch` sequences of at least `rows` rows (under tensor
+        parallelism the draft's holds this rank's batch / P sequences): the current ones
         when they fit closely (same batch, capacity within rows + max(1024, rows / 4)), else new
         ones (and every loop state built on the old ones is dropped)."""
         c = self.tcache
@@ -117,7 +118,8 @@ class Engine:
             self.tcache = self.dcache = None  # free the old caches before allocating
             cap = round_capacity(rows)
             self.tcache = self.target.allocate_cache(batch, cap)
-            self.dcache = self.draft.allocate_cache(batch, cap) if draft else None
+            tp = getattr(self.target, "tp", None)  # tensor parallel: the draft holds this rank's rows
+            self.dcache = self.draft.allocate_cache(batch // (tp.world if tp else 1), cap) if draft else None
         for cache in (self.tcache, self.dcache):
             if cache is not None:
                 cache.lengths.zero_()

@@ -19,7 +19,7 @@ from dustin_runtime.engine import Engine, default_engine
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
-from dustin_runtime.sampling import SamplingConfig, next_token
+from dustin_runtime.sampling import SamplingConfig, next_token, vocab_shard
 from dustin_runtime.stats import DecodeStats, PhaseTimer
 
 PREFILL_CHUNK = 2048
@@ -119,16 +119,21 @@ class Bookkeeper:
         self.accepted.fill_(-1)
         self.step.zero_()
 
-    def mask_early_stops(self, logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def mask_early_stops(self, logits: torch.Tensor, offset: int = 0, rows: slice | None = None,
+                         eos: torch.Tensor | None = None) -> torch.Tensor:
         """Forbid end-of-sequence ids before `min_new` tokens: logits [B, T, V] (token t of the pass
-        would be new token produced + offset + t) get -inf on those ids. No host sync."""
-        if self.min_new <= 0:
+        would be new token produced + offset + t) get -inf on those ids. No host sync. Under tensor
+        parallelism the logits may hold `rows` of the batch (a rank's drafts) and `eos` gives the
+        EOS ids' columns among a rank's vocabulary columns (possibly none)."""
+        eos = self.eos if eos is None else eos
+        if self.min_new <= 0 or eos.numel() == 0:
             return logits
         T = logits.shape[1]
-        pos = self.produced.view(-1, 1) + offset + torch.arange(T, device=self.device)  # [B, T]
+        produced = self.produced if rows is None else self.produced[rows]
+        pos = produced.view(-1, 1) + offset + torch.arange(T, device=self.device)  # [B, T]
         early = (pos < self.min_new).unsqueeze(-1)  # [B, T, 1]
-        cols = logits[:, :, self.eos]
-        logits[:, :, self.eos] = torch.where(early, torch.full_like(cols, float("-inf")), cols)
+        cols = logits[:, :, eos]
+        logits[:, :, eos] = torch.where(early, torch.full_like(cols, float("-inf")), cols)
         return logits
 
     def emit(self, emitted: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -233,6 +238,8 @@ def generate(
 
     st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
     book, cur, one = st.objs["book"], st.objs["cur"], st.objs["one"]
+    shard = vocab_shard(model, model.cfg.vocab_size)  # tensor parallel: this rank's logits columns
+    eos = None if shard is None else shard.columns(sorted(set(eos_ids))).to(device)
     st.generator.manual_seed(seed)
     book.reset(max_new)
     tcache.lengths.fill_(prefilled or 0)
@@ -243,10 +250,11 @@ def generate(
     t_steps = start_steps(device)
 
     def decode():
-        step["logits"] = book.mask_early_stops(model(cur.view(-1, 1), tcache, backend, phase="decode"))[:, -1]
+        logits = model(cur.view(-1, 1), tcache, backend, phase="decode", local_vocab=True)
+        step["logits"] = book.mask_early_stops(logits, eos=eos)[:, -1]
 
     def commit():
-        nxt = next_token(step["logits"], sampling, st.generator)
+        nxt = next_token(step["logits"], sampling, st.generator, shard)
         advance = book.emit(nxt.view(-1, 1), one)
         tcache.advance(advance.to(torch.int32))
         cur.copy_(torch.where(advance > 0, nxt, cur))

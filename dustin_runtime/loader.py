@@ -1,7 +1,13 @@
 """Load a `Transformer` from a Hugging Face folder (config.json + safetensors, sharded or not), a
 GGUF file (dequantised through transformers' GGUF reader), a hub id already in the local Hugging
 Face cache (offline only), the embedded SmolLM2 GGUF (`smollm2`), or random weights at a preset
-shape."""
+shape.
+
+Under tensor parallelism (`tp`) each rank reads only its slices of the safetensors files
+(`safe_open(...).get_slice`), so no rank materialises the whole model; a GGUF is dequantised whole
+on every rank (the transformers reader has no partial reads), then sliced. Random weights are made
+shard by shard on each rank. A rank that fails (its shard missing or short) makes every rank
+raise the same one-line error."""
 
 from __future__ import annotations
 
@@ -19,6 +25,10 @@ from dustin_runtime.config import ModelConfig, config_from_hf
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_path, atomic_write
 from dustin_runtime.model import Transformer
+from dustin_runtime.tp import TensorParallel, shard_config
+
+Index = tuple[slice, ...] | None  # a slice of a stored tensor (None: all of it)
+Getter = Callable[[str, Index], torch.Tensor]
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -168,8 +178,18 @@ def _open_safetensors(path: Path):
         raise DustinError(f"{path}: not a readable safetensors file ({_first_line(e)})") from None
 
 
-def _hf_tensor_getter(folder: Path) -> tuple[Callable[[str], torch.Tensor], set[str]]:
-    """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint."""
+def _check_index(name: str, shape, index: Index) -> None:
+    """Refuse a slice past the stored tensor's end (this rank's shard is not in the file)."""
+    for dim, s in enumerate(index or ()):
+        if s.stop is not None and s.stop > shape[dim]:
+            what = "rows" if dim == 0 else "columns"
+            raise DustinError(f"tensor {name} has {shape[dim]} {what}: this rank's shard, {what} {s.start}:{s.stop}, "
+                              "is missing from the checkpoint")
+
+
+def _hf_tensor_getter(folder: Path) -> tuple[Getter, set[str]]:
+    """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint, whole or by
+    slice (only the slice is read)."""
     from safetensors import SafetensorError
 
     index = folder / "model.safetensors.index.json"
@@ -190,12 +210,16 @@ def _hf_tensor_getter(folder: Path) -> tuple[Callable[[str], torch.Tensor], set[
                 weight_map.update({k: f.name for k in h.keys()})
     handles: dict[str, object] = {}
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str, index: Index = None) -> torch.Tensor:
         fname = weight_map[name]
         if fname not in handles:
             handles[fname] = _open_safetensors(folder / fname)
         try:
-            return handles[fname].get_tensor(name)
+            if index is None:
+                return handles[fname].get_tensor(name)
+            part = handles[fname].get_slice(name)
+            _check_index(name, part.get_shape(), index)
+            return part[index]
         except (SafetensorError, OSError) as e:
             raise DustinError(f"{folder / fname}: cannot read tensor {name} ({_first_line(e)})") from None
 
@@ -269,7 +293,20 @@ def _build_gguf_cache(path: Path, cached: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _gguf_tensor_getter(path: Path) -> tuple[Callable[[str], torch.Tensor], set[str]]:
+def _sliced(get: Callable[[str], torch.Tensor]) -> Getter:
+    """A whole-tensor getter as a sliced one (the tensor is read whole, then sliced)."""
+
+    def take(name: str, index: Index = None) -> torch.Tensor:
+        t = get(name)
+        if index is None:
+            return t
+        _check_index(name, t.shape, index)
+        return t[index]
+
+    return take
+
+
+def _gguf_tensor_getter(path: Path) -> tuple[Getter, set[str]]:
     """Dequantised GGUF tensors under Hugging Face names. The first load dequantises through
     transformers (seconds) and keeps a float32 safetensors copy in ~/.cache/dustin (or
     $DUSTIN_CACHE) that later loads memory-map; a cache file that does not match its stamp, or
@@ -280,11 +317,11 @@ def _gguf_tensor_getter(path: Path) -> tuple[Callable[[str], torch.Tensor], set[
     if _cache_ok(cached):
         try:
             handle = safe_open(str(cached), framework="pt")
-            return handle.get_tensor, set(handle.keys())
+            return _sliced(handle.get_tensor), set(handle.keys())
         except (SafetensorError, OSError):
             pass
     tensors = _build_gguf_cache(path, cached)
-    return tensors.__getitem__, set(tensors)
+    return _sliced(tensors.__getitem__), set(tensors)
 
 
 def _strip_prefix(names: set[str]) -> Callable[[str], str]:
@@ -294,41 +331,53 @@ def _strip_prefix(names: set[str]) -> Callable[[str], str]:
 
 
 def convert_weights(
-    cfg: ModelConfig, get: Callable[[str], torch.Tensor], names: set[str]
+    cfg: ModelConfig, get: Getter, names: set[str], tp: TensorParallel | None = None
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """Map Hugging Face tensor names to ours, fusing q|k|v and gate|up. Returns lazy producers so
-    large checkpoints stream tensor by tensor."""
+    large checkpoints stream tensor by tensor; under `tp` each reads only this rank's slice (q/k/v
+    rows of its heads, wo columns, gate/up rows and down columns of its MLP share, embedding and
+    LM head rows of its vocabulary share; wo's bias on rank 0 only)."""
     fix = _strip_prefix(names)
+    local, D = shard_config(cfg, tp), cfg.head_dim
+    r = 0 if tp is None else tp.rank
 
-    def one(n: str) -> Callable[[], torch.Tensor]:
-        return lambda: get(fix(n))
+    def rows(n: int, unit: int = 1) -> Index:  # this rank's rows of n per rank (x unit)
+        return None if tp is None else (slice(r * n * unit, (r + 1) * n * unit),)
 
-    def cat(*ns: str) -> Callable[[], torch.Tensor]:
-        return lambda: torch.cat([get(fix(n)) for n in ns], dim=0)
+    def cols(n: int, unit: int = 1) -> Index:
+        return None if tp is None else (slice(None), slice(r * n * unit, (r + 1) * n * unit))
 
+    def one(n: str, index: Index = None) -> Callable[[], torch.Tensor]:
+        return lambda: get(fix(n), index)
+
+    def cat(*parts: tuple[str, Index]) -> Callable[[], torch.Tensor]:
+        return lambda: torch.cat([get(fix(n), index) for n, index in parts], dim=0)
+
+    H, G, inter, vocab = local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size
     out: dict[str, Callable[[], torch.Tensor]] = {
-        "embed.weight": one("model.embed_tokens.weight"),
+        "embed.weight": one("model.embed_tokens.weight", rows(vocab)),
         "norm.weight": one("model.norm.weight"),
     }
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = one("lm_head.weight") if "lm_head.weight" in names else one(
-            "model.embed_tokens.weight"
-        )
+        head = "lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight"
+        out["lm_head.weight"] = one(head, rows(vocab))
     for i in range(cfg.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         out[f"layers.{i}.attn_norm.weight"] = one(p + "input_layernorm.weight")
         out[f"layers.{i}.ffn_norm.weight"] = one(p + "post_attention_layernorm.weight")
-        out[f"layers.{i}.attn.wqkv.weight"] = cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
-        if cfg.attention_bias:
-            out[f"layers.{i}.attn.wqkv.bias"] = cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
-        out[f"layers.{i}.attn.wo.weight"] = one(a + "o_proj.weight")
-        if cfg.o_bias:
+        for kind in ("weight", "bias") if cfg.attention_bias else ("weight",):
+            out[f"layers.{i}.attn.wqkv.{kind}"] = cat((a + f"q_proj.{kind}", rows(H, D)),
+                                                      (a + f"k_proj.{kind}", rows(G, D)),
+                                                      (a + f"v_proj.{kind}", rows(G, D)))
+        out[f"layers.{i}.attn.wo.weight"] = one(a + "o_proj.weight", cols(H, D))
+        if cfg.o_bias and r == 0:
             out[f"layers.{i}.attn.wo.bias"] = one(a + "o_proj.bias")
         if cfg.qk_norm:
             out[f"layers.{i}.attn.q_norm.weight"] = one(a + "q_norm.weight")
             out[f"layers.{i}.attn.k_norm.weight"] = one(a + "k_norm.weight")
-        out[f"layers.{i}.ffn.w13.weight"] = cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-        out[f"layers.{i}.ffn.w2.weight"] = one(p + "mlp.down_proj.weight")
+        out[f"layers.{i}.ffn.w13.weight"] = cat((p + "mlp.gate_proj.weight", rows(inter)),
+                                                (p + "mlp.up_proj.weight", rows(inter)))
+        out[f"layers.{i}.ffn.w2.weight"] = one(p + "mlp.down_proj.weight", cols(inter))
     return out
 
 
@@ -341,9 +390,10 @@ def _empty(model: Transformer, device, dtype: torch.dtype) -> Transformer:
     return model
 
 
-def _materialise(cfg: ModelConfig, producers, dtype: torch.dtype, device) -> Transformer:
+def _materialise(cfg: ModelConfig, producers, dtype: torch.dtype, device, tp: TensorParallel | None = None
+                 ) -> Transformer:
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(cfg, tp)
     model = _empty(model, device, dtype)
     params = dict(model.named_parameters())
     missing = set(params) - set(producers)
@@ -362,27 +412,44 @@ def _materialise(cfg: ModelConfig, producers, dtype: torch.dtype, device) -> Tra
 
 
 def load_model(
-    spec: str | Checkpoint, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    spec: str | Checkpoint, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    tp: TensorParallel | None = None,
 ) -> tuple[Transformer, Checkpoint]:
-    """Load a checkpoint into our decoder on `device` in `dtype`."""
-    ckpt = spec if isinstance(spec, Checkpoint) else resolve_checkpoint(spec)
-    cfg = read_config(ckpt)
-    if ckpt.kind == "hf":
-        get, names = _hf_tensor_getter(ckpt.path)
-    else:
-        get, names = _gguf_tensor_getter(ckpt.path)
-    return _materialise(cfg, convert_weights(cfg, get, names), dtype, device), ckpt
+    """Load a checkpoint into our decoder on `device` in `dtype` (under `tp`, this rank's shard;
+    every rank raises the same error when any rank fails)."""
+
+    def load() -> tuple[Transformer, Checkpoint]:
+        ckpt = spec if isinstance(spec, Checkpoint) else resolve_checkpoint(spec)
+        cfg = read_config(ckpt)
+        shard_config(cfg, tp)  # a world size that does not divide the heads: refused before any read
+        if ckpt.kind == "hf":
+            get, names = _hf_tensor_getter(ckpt.path)
+        else:
+            get, names = _gguf_tensor_getter(ckpt.path)
+        return _materialise(cfg, convert_weights(cfg, get, names, tp), dtype, device, tp), ckpt
+
+    if tp is None:
+        return load()
+    out, error = None, None
+    try:
+        out = load()
+    except DustinError as e:
+        error = str(e)
+    tp.agree(error)
+    return out
 
 
 def random_model(
-    cfg: ModelConfig, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0, std: float = 0.02
+    cfg: ModelConfig, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0, std: float = 0.02,
+    tp: TensorParallel | None = None,
 ) -> Transformer:
     """A model with N(0, std) weights and unit norms, made directly on `device` (for speed work,
-    where timings do not depend on values)."""
+    where timings do not depend on values); under `tp` each rank makes only its shards (rank 0 with
+    the generator of a single process)."""
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(cfg, tp)
     model = _empty(model, device, dtype)
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed + (0 if tp is None else 7919 * tp.rank))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

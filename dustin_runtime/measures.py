@@ -66,10 +66,12 @@ class TrueAttention(AttentionBackend):
 
 
 class ArrMeter:
-    """ARR per sequence, accumulated over verification passes (only live sequences count)."""
+    """ARR per sequence, accumulated over verification passes (only live sequences count). Under
+    tensor parallelism (`tp`) each rank measures over its own heads' attention with the sets its
+    KV heads attend, and a pass's ARR is the mean over ranks (equal head counts)."""
 
-    def __init__(self, batch: int, num_layers: int, device: torch.device | str):
-        self.num_layers = num_layers
+    def __init__(self, batch: int, num_layers: int, device: torch.device | str, tp=None):
+        self.num_layers, self.tp = num_layers, tp
         self.step = torch.zeros(batch, dtype=torch.float64, device=device)
         self.total = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
@@ -91,6 +93,8 @@ class ArrMeter:
 
     def commit(self, live: torch.Tensor) -> None:
         """End of a step: count this pass for the live sequences [B] bool."""
+        if self.tp is not None:
+            self.tp.all_reduce_(self.step).div_(self.tp.world)
         self.total += self.step * live
         self.count += live.double()
 

@@ -2,7 +2,12 @@
 fused QKV and gate/up projections, RMSNorm, RoPE, GQA through an attention backend, SwiGLU,
 tied or untied LM head. A forward pass processes T new tokens per sequence at per-sequence
 positions `cache.lengths[b] + t`, writes their K/V into the static cache and leaves the lengths
-alone: the caller commits (advances) or rolls back."""
+alone: the caller commits (advances) or rolls back.
+
+Under tensor parallelism (`tp`, see `dustin_runtime.tp`) each rank builds the layers at its shard's
+shapes (`shard_config`): attention by KV heads with wo row parallel, the MLP column then row
+parallel, embedding and LM head by vocabulary rows; the partial sums of wo, w2 and the embedding
+are all-reduced. `cfg` stays the whole model's config."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.rope import apply_rope, rope_table
+from dustin_runtime.tp import TensorParallel, shard_config
 
 
 class RMSNorm(nn.Module):
@@ -43,11 +49,13 @@ class Rope:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
+        """`cfg`: this rank's shapes (its heads); under TP wo's bias lives on rank 0 only (added once
+        by the all-reduce)."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.tp = cfg, tp
         self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
-        self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias and (tp is None or tp.rank == 0))
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
@@ -81,12 +89,14 @@ class Attention(nn.Module):
             k = apply_rope(k.transpose(1, 2), rope.cos, rope.sin)  # [B, G, T, D]
             cache.write(layer, k, v, ctx.positions)
         o = backend.attend(layer, q, cache, ctx)  # [B, H, T, D]
-        return self.wo(o.transpose(1, 2).reshape(B, T, c.q_size))
+        out = self.wo(o.transpose(1, 2).reshape(B, T, c.q_size))  # [B, T, d]
+        return out if self.tp is None else self.tp.all_reduce_(out)
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp
         self.inter = cfg.intermediate_size
         self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate | up
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -95,18 +105,20 @@ class FeedForward(nn.Module):
         if fused:
             from dustin_kernels.layer_ops import swiglu
 
-            return self.w2(swiglu(self.w13(x)))
-        gate, up = self.w13(x).split([self.inter, self.inter], dim=-1)
-        return self.w2(F.silu(gate) * up)
+            out = self.w2(swiglu(self.w13(x)))
+        else:
+            gate, up = self.w13(x).split([self.inter, self.inter], dim=-1)
+            out = self.w2(F.silu(gate) * up)
+        return out if self.tp is None else self.tp.all_reduce_(out)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, tp)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.ffn = FeedForward(cfg)
+        self.ffn = FeedForward(cfg, tp)
 
     def forward(self, x, layer, rope, cache, backend, ctx, pending=None):
         """-> (x, pending): the fused path leaves the MLP's output as a pending residual that the
@@ -126,15 +138,19 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder. `forward` returns logits [B, T', V] (float32) for T' = T, 1 or no positions."""
+    """The decoder. `forward` returns logits [B, T', V] (float32) for T' = T, 1 or no positions.
+    With `tp`, this rank's shard of it (`shard`: its shapes; vocabulary rows [vocab_start,
+    vocab_start + shard.vocab_size))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.cfg, self.tp = cfg, tp
+        self.shard = local = shard_config(cfg, tp)
+        self.vocab_start = 0 if tp is None else tp.rank * local.vocab_size
+        self.embed = nn.Embedding(local.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(local, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, local.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
@@ -161,9 +177,25 @@ class Transformer(nn.Module):
             self.rope = rope_table(self.cfg, max_len, self.device)
 
     def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
-        """An empty static cache for this model (and a RoPE table long enough for it)."""
+        """An empty static cache for this model (this rank's KV heads; and a RoPE table long enough)."""
         self.setup_rope(max_len)
-        return KVCache.allocate(self.cfg, batch, max_len, dtype=dtype or self.dtype, device=self.device)
+        return KVCache.allocate(self.shard, batch, max_len, dtype=dtype or self.dtype, device=self.device)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] -> [B, T, d]; under TP a lookup in this rank's rows, summed over ranks."""
+        if self.tp is None:
+            return self.embed(tokens)
+        ids = tokens - self.vocab_start
+        mine = (ids >= 0) & (ids < self.shard.vocab_size)  # [B, T]
+        x = self.embed(torch.where(mine, ids, 0))
+        return self.tp.all_reduce_(torch.where(mine.unsqueeze(-1), x, 0))
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's logits columns [..., V/P] -> the whole vocabulary's [..., V] (all-gather)."""
+        if self.tp is None:
+            return logits
+        parts = self.tp.all_gather(logits)  # [P, ..., V/P]
+        return parts.movedim(0, -2).reshape(*logits.shape[:-1], -1)
 
     def forward(
         self,
@@ -176,7 +208,10 @@ class Transformer(nn.Module):
         kv_len: int | None = None,
         rows: tuple[int, int] | None = None,
         final: bool = False,
+        local_vocab: bool = False,
     ) -> torch.Tensor | None:
+        """Under TP the logits are gathered over ranks unless `local_vocab`: then this rank's
+        columns [vocab_start, vocab_start + V/P) only (the decoding loops reduce over them)."""
         B, T = tokens.shape
         start = cache.lengths.clone()  # [B] int32
         positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
@@ -186,7 +221,7 @@ class Transformer(nn.Module):
             rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
         backend.begin(ctx)
-        x, pending = self.embed(tokens), None  # [B, T, d]
+        x, pending = self.embed_tokens(tokens), None  # [B, T, d]
         for i, block in enumerate(self.layers):
             x, pending = block(x, i, rope, cache, backend, ctx, pending)
         backend.end(ctx)
@@ -197,5 +232,7 @@ class Transformer(nn.Module):
         if pending is not None:
             from dustin_kernels.layer_ops import add_rms_norm
 
-            return self.lm_head(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1]).float()
-        return self.lm_head(self.norm(x)).float()
+            out = self.lm_head(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1]).float()
+        else:
+            out = self.lm_head(self.norm(x)).float()
+        return out if local_vocab else self.gather_vocab(out)

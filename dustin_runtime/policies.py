@@ -17,6 +17,12 @@ K/V land in the full cache, nothing is evicted, and rejected rows are rolled bac
 full verification. All policies (`full` included) prefill the last gamma + 1 prompt tokens as their
 own chunk, so every policy starts from the same cache. Draft and target must share a tokenizer
 (positions align): `pipeline.load_pair` and the profile's tokenizer hashes check it.
+
+Under tensor parallelism (`target.tp`) each rank scores with the target retrieval heads on its own
+KV heads (`tp.local_heads`) and the draft's lookahead over its own draft rows; the lookahead
+signal is all-gathered and the history summed over ranks (`tp.selection` "shared": every rank
+selects the same [B, S] set), or kept per rank ("per-kv-head": each rank's set serves its KV
+heads). Quest's sets are per KV head already; ARR is averaged over ranks.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from dustin_runtime.selection import QuestPages, quest_indices, streaming_indice
 from dustin_runtime.signals import DraftLookahead, TargetHistory, normalise_
 from dustin_runtime.sparse import POLICIES, SparseConfig, every_head
 from dustin_runtime.speculative import SpecHooks
+from dustin_runtime.tp import local_heads
 
 
 class FullPolicy(SpecHooks):
@@ -102,7 +109,7 @@ class _DraftBackend(AttentionBackend):
     def begin(self, ctx):
         self.default.begin(ctx)
         if ctx.phase == "draft" and self.policy.draft_set is not None:
-            self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths)
+            self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths[self.policy.rows])
 
     def attend(self, layer, q, cache, ctx):
         p = self.policy
@@ -112,7 +119,7 @@ class _DraftBackend(AttentionBackend):
             out = self.default.attend(layer, q, cache, ctx)
         look = getattr(p, "lookahead", None)
         if ctx.phase == "draft" and look is not None and layer in look.layers:
-            look.stash(layer, q, ctx.positions[:, 0] - p.tcache.lengths)
+            look.stash(layer, q, ctx.positions[:, 0] - p.tcache.lengths[p.rows])
         return out
 
     def end(self, ctx):
@@ -167,7 +174,9 @@ class SparsePolicy(SpecHooks):
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.draft_set: DraftSet | None = None
-        if cfg.draft_kv == "verify-set" and not self.shared_set:
+        self.tp = target.tp
+        self.per_rank = self.tp is not None and self.tp.selection == "per-kv-head"
+        if cfg.draft_kv == "verify-set" and (not self.shared_set or self.per_rank):
             raise DustinError(f"policy {self.name} chooses a set per layer and KV head: the draft cannot draft "
                               f"over it (use --draft-kv full)")
 
@@ -180,16 +189,17 @@ class SparsePolicy(SpecHooks):
     def setup(self, target_cache: KVCache, draft_cache: KVCache, gamma: int) -> None:
         self.tcache, self.dcache, self.gamma = target_cache, draft_cache, gamma
         B, dev = target_cache.batch, target_cache.lengths.device
+        self.rows = slice(None) if self.tp is None else self.tp.rows(B)  # the draft's rows of the batch
         self.indices = torch.full((B, self.cfg.budget), -1, dtype=torch.int32, device=dev)  # [B, S]
-        self.meter = ArrMeter(B, target_cache.num_layers, dev) if self.measure_arr else None
+        self.meter = ArrMeter(B, target_cache.num_layers, dev, self.tp) if self.measure_arr else None
         self.pairs = PairedAcceptance(B, dev) if self.paired else None
         self.true = None
         if self.measure_arr or self.paired or self.needs_true_attention:
-            self.true = TrueAttention(B, target_cache.max_len, target_cache.num_layers, self.target.cfg.num_kv_heads,
+            self.true = TrueAttention(B, target_cache.max_len, target_cache.num_layers, target_cache.k[0].shape[1],
                                       dev, per_layer=self.measure_arr and not self.shared_set)
         self.allocate(B, target_cache.max_len, dev)
         if self.cfg.draft_kv == "verify-set":
-            self.draft_set = DraftSet(B, self.cfg.budget, gamma, dev)
+            self.draft_set = DraftSet(draft_cache.batch, self.cfg.budget, gamma, dev)
 
     @property
     def selects(self) -> bool:
@@ -216,7 +226,7 @@ class SparsePolicy(SpecHooks):
     def after_prefill(self) -> None:
         if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals
             self.select(self.tcache.lengths)
-            self.draft_set.chosen(self.indices, self.tcache.lengths)
+            self.draft_set.chosen(self.indices[self.rows], self.tcache.lengths[self.rows])
 
     def drafted(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens
@@ -230,7 +240,7 @@ class SparsePolicy(SpecHooks):
         if self.shared_set:
             self.select(self.tcache.lengths)
             if self.draft_set is not None:
-                self.draft_set.chosen(self.indices, self.tcache.lengths)
+                self.draft_set.chosen(self.indices[self.rows], self.tcache.lengths[self.rows])
             if self.trace is not None:
                 self.trace.append((None, self.tcache.lengths.clone(), self.indices.clone()))
             if self.meter is not None:
@@ -285,12 +295,22 @@ class SignalPolicy(SparsePolicy):
         self.use_draft, self.use_target = bool(cfg.draft_heads) and m > 0, bool(cfg.target_heads) and m < cfg.free
 
     def allocate(self, batch, max_len, device):
-        c, dc = self.cfg, self.draft.cfg
+        c, dc, tp = self.cfg, self.draft.cfg, self.tp
         self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.history = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
-        self.lookahead = (DraftLookahead(c.draft_heads, batch, self.gamma, dc.head_dim, self.dcache.k[0].dtype,
-                                         device, c.aggregation, self.ops) if self.use_draft else None)
-        self.target_signal = TargetHistory(c.target_heads, device, c.aggregation, self.ops) if self.use_target else None
+        self.draft_rows = self.draft_score  # the lookahead of the draft's rows (TP: a rank's, then gathered)
+        if tp is not None:
+            self.draft_rows = torch.zeros(self.dcache.batch, max_len, dtype=torch.float32, device=device)
+        self.lookahead = (DraftLookahead(c.draft_heads, self.dcache.batch, self.gamma, dc.head_dim,
+                                         self.dcache.k[0].dtype, device, c.aggregation, self.ops)
+                          if self.use_draft else None)
+        heads = local_heads(c.target_heads, tp, self.target.cfg)
+        if self.per_rank and self.use_target:  # every rank must have target heads of its own
+            empty = [r for r in range(tp.world) if not local_heads(c.target_heads, tp, self.target.cfg, rank=r)]
+            if empty:
+                raise DustinError(f"per-KV-head selection: rank {empty[0]} of {tp.world} holds none of the target "
+                                  "retrieval heads, so it has no signal to select with (use --tp-select shared)")
+        self.target_signal = TargetHistory(heads, device, c.aggregation, self.ops) if self.use_target else None
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.use_draft or self.draft_set is not None else default
@@ -311,10 +331,16 @@ class SignalPolicy(SparsePolicy):
             self.target_signal.score(layer, q, cache.k[layer], ctx.start, self.history)
 
     def select(self, lens):
-        c = self.cfg
+        c, tp = self.cfg, self.tp
         if self.lookahead is not None:
-            normalise_(self.lookahead.score(self.dcache.k, lens, self.draft_score))
+            normalise_(self.lookahead.score(self.dcache.k, lens[self.rows], self.draft_rows))
+            if tp is not None:  # every rank's draft rows -> the whole batch
+                tp.gather_rows(self.draft_rows, out=self.draft_score)
         if self.target_signal is not None:
+            if tp is not None and not self.per_rank:  # the heads of every rank: one reduction of [B, N]
+                if not self.target_signal.layers:
+                    self.history.zero_()  # a rank without retrieval heads adds nothing
+                tp.all_reduce_(self.history, op=c.aggregation)
             normalise_(self.history)
         if self.use_draft and self.use_target:
             primary, secondary, m = self.draft_score, self.history, self.m
@@ -346,10 +372,10 @@ class QuestPolicy(SparsePolicy):
             self.pages.refresh(layer, self.tcache.k[layer], self.tcache.lengths, full=True)
 
     def allocate(self, batch, max_len, device):
-        t = self.target.cfg
-        self.pages = QuestPages(t.num_layers, batch, t.num_kv_heads, max_len, t.head_dim, self.cfg.page_size,
+        t, G = self.target.cfg, self.tcache.k[0].shape[1]  # this rank's KV heads under TP
+        self.pages = QuestPages(t.num_layers, batch, G, max_len, t.head_dim, self.cfg.page_size,
                                 self.gamma + 1, self.tcache.k[0].dtype, device)
-        self.group_indices = torch.full((batch * t.num_kv_heads, self.cfg.budget), -1, dtype=torch.int32,
+        self.group_indices = torch.full((batch * G, self.cfg.budget), -1, dtype=torch.int32,
                                         device=device)  # [B * G, S]
 
     def layer_indices(self, layer, q, cache, ctx):
@@ -374,8 +400,10 @@ class OraclePolicy(SparsePolicy):
     needs_true_attention = True
 
     def select(self, lens):
-        c = self.cfg
-        self.ops.select_indices(self.true.ctx, None, lens, self.indices, sinks=c.sinks, window=c.window, m=c.free)
+        c, ctx = self.cfg, self.true.ctx
+        if self.tp is not None:  # the mean over every rank's heads
+            ctx = self.tp.all_reduce_(ctx.clone()).div_(self.tp.world)
+        self.ops.select_indices(ctx, None, lens, self.indices, sinks=c.sinks, window=c.window, m=c.free)
 
 
 def make_policy(

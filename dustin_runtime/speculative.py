@@ -8,6 +8,12 @@ graph, `dustin_runtime.engine`):
   verify: one target forward over [cur, d_1..d_gamma];
   accept: greedy matching or rejection sampling -> n accepted and the next token per sequence;
           both caches keep cur, d_1..d_n (length += n + 1); rejected rows are dropped by length.
+
+Under tensor parallelism (`target.tp`, `dustin_runtime.tp`) the target is sharded and the draft
+replicated: each rank drafts its rows of the batch over its own draft cache and the drafted tokens
+are all-gathered; verification and acceptance run on every rank over its vocabulary columns and
+agree (`dustin_runtime.sampling`). A batch that does not divide by the world size is padded with
+one-token prompts that make no tokens (no prefill; they ride along in the steps).
 """
 
 from __future__ import annotations
@@ -31,7 +37,13 @@ from dustin_runtime.generate import (
 )
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
-from dustin_runtime.sampling import SamplingConfig, probs_from_logits, sample, speculative_accept
+from dustin_runtime.sampling import (
+    SamplingConfig,
+    probs_from_logits,
+    sample,
+    speculative_accept,
+    vocab_shard,
+)
 from dustin_runtime.stats import DecodeStats, PhaseTimer
 
 
@@ -138,6 +150,12 @@ def speculative_generate(
     max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     check_prompts(prompts, max_new, target, extra=gamma + 1)
     check_prompts(prompts, max_new, draft, extra=gamma + 1)
+    tp, asked = target.tp, len(prompts)
+    pad = 0 if tp is None else -asked % tp.world
+    if pad:  # the draft splits the batch over ranks
+        if isinstance(prefilled, tuple):
+            raise DustinError(f"a batch of {asked} prefilled sequences does not divide over --tp {tp.world}")
+        prompts, max_new = prompts + [prompts[-1][-1:]] * pad, max_new + [0] * pad
     hooks = hooks or SpecHooks()
     device, B, V = target.device, len(prompts), _common_vocab(target, draft)
     pkey = hooks.key()
@@ -165,11 +183,11 @@ def speculative_generate(
         loop.load_replay(replay.counts)
     hooks.reset()
     start = 0
-    if isinstance(prefilled, tuple):
+    if isinstance(prefilled, tuple):  # caches of the whole batch (the draft's: this rank's rows of it)
         start = prefilled[2]
-        for dst, src in zip((tcache, dcache), prefilled[:2], strict=True):
+        for dst, src, rows in zip((tcache, dcache), prefilled[:2], (slice(None), loop.rows), strict=True):
             for a, b in zip(dst.k + dst.v, src.k + src.v, strict=True):
-                a[:, :, :start].copy_(b[:, :, :start])
+                a[:, :, :start].copy_(b[rows, :, :start])
     elif prefilled is not None:
         start = prefilled
     for c in (tcache, dcache):
@@ -177,7 +195,7 @@ def speculative_generate(
     with timer.phase("prefill"):
         tail = hooks.prefill_tail(gamma)
         prefill(target, tcache, prompts, loop.t_backend, chunk=prefill_chunk, tail=tail, start=start)
-        prefill(draft, dcache, prompts, loop.d_backend, chunk=prefill_chunk, tail=tail, start=start)
+        prefill(draft, dcache, prompts[loop.rows], loop.d_backend, chunk=prefill_chunk, tail=tail, start=start)
         hooks.after_prefill()
     loop.cur.copy_(torch.tensor([p[-1] for p in prompts]))
     steps, t_steps = 0, start_steps(device)
@@ -190,31 +208,38 @@ def speculative_generate(
     tokens, reasons = loop.book.results(max_new)
     seconds.update(timer.totals())
     seconds["total"] = time.perf_counter() - t0
+    extra = {k: v[:asked] if isinstance(v, list) and len(v) == B else v for k, v in hooks.summary().items()}
     stats = DecodeStats(
         mode="speculative",
-        batch=B,
-        prompt_tokens=[len(p) for p in prompts],
-        new_tokens=[len(t) for t in tokens],
+        batch=asked,
+        prompt_tokens=[len(p) for p in prompts[:asked]],
+        new_tokens=[len(t) for t in tokens[:asked]],
         steps=steps,
         gamma=gamma,
         seconds=seconds,
-        accepted=loop.book.accepted_rows(steps),
+        accepted=[row[:asked] for row in loop.book.accepted_rows(steps)],
         policy=hooks.name,
-        extra=hooks.summary(),
+        extra=extra,
         cuda_graphs=st.graphs.enabled,
         accept_source="replayed" if replay is not None else "model",
     )
-    return GenerationResult(tokens, reasons, stats)
+    return GenerationResult(tokens[:asked], reasons[:asked], stats)
 
 
 class _SpecLoop:
-    """The phases of one speculative step over static buffers (see the module docstring)."""
+    """The phases of one speculative step over static buffers (see the module docstring). Under
+    tensor parallelism the draft runs this rank's `rows` of the batch and the target's logits hold
+    its vocabulary columns (`shard`)."""
 
     def __init__(self, target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new, generator, V,
                  replayed: bool):
         device, B = target.device, tcache.batch
         self.target, self.draft, self.tcache, self.dcache, self.hooks = target, draft, tcache, dcache, hooks
         self.gamma, self.sampling, self.gen, self.V = gamma, sampling, generator, V
+        self.tp, self.shard = target.tp, vocab_shard(target, V)
+        self.drows = None if self.tp is None else self.tp.rows(B)  # the draft's rows (None: all)
+        self.rows = self.drows or slice(None)
+        self.eos = None if self.shard is None else self.shard.columns(sorted(set(eos_ids))).to(device)
         base = default_backend(device)
         self.t_backend, self.d_backend = hooks.target_backend(base), hooks.draft_backend(base)
         hooks.setup(tcache, dcache, gamma)
@@ -239,37 +264,41 @@ class _SpecLoop:
         """gamma + 1 draft forwards (the last only writes d_gamma's K/V and gives the lookahead
         queries of every verification position), with the token choice of each."""
         self.hooks.before_draft()
-        tok, drafted, qs = self.cur, [], []
+        tok, drafted, qs = self.cur[self.rows], [], []
         for i in range(self.gamma):
             logits = self.draft(tok.view(-1, 1), self.dcache, self.d_backend, phase="draft")[..., : self.V]
-            logits = self.book.mask_early_stops(logits, offset=i)[:, -1]
+            logits = self.book.mask_early_stops(logits, offset=i, rows=self.drows)[:, -1]
             self.dcache.advance(1)
             if self.sampling.greedy:
                 tok = logits.argmax(-1)
             else:
                 q = probs_from_logits(logits, self.sampling)
-                tok = sample(q, self.gen)
+                tok = sample(q, self.gen, rows=self.drows, batch=self.tcache.batch)
                 qs.append(q)
             drafted.append(tok)
         self.draft(tok.view(-1, 1), self.dcache, self.d_backend, phase="draft", logits="none")
-        d = torch.stack(drafted, dim=1)  # [B, gamma]
+        d = torch.stack(drafted, dim=1)  # [B, gamma] (under TP: this rank's rows, then all of them)
+        if self.tp is not None:
+            d = self.tp.gather_rows(d)
         self.step.update(d=d, vt=torch.cat([self.cur.view(-1, 1), d], dim=1),  # [B, gamma + 1]
                          q=torch.stack(qs, dim=1) if qs else None)
         self.hooks.drafted(self.step["vt"])
 
     def verify_phase(self) -> None:
-        logits = self.target(self.step["vt"], self.tcache, self.t_backend, phase="verify")[..., : self.V]
-        self.step["logits"] = self.book.mask_early_stops(logits)  # [B, gamma + 1, V]
+        logits = self.target(self.step["vt"], self.tcache, self.t_backend, phase="verify", local_vocab=True)
+        logits = logits[..., : self.V] if self.shard is None else self.shard.cut(logits)
+        self.step["logits"] = self.book.mask_early_stops(logits, eos=self.eos)  # [B, gamma + 1, V]
 
     def accept_phase(self) -> None:
         """Acceptance, emission and the ragged advance of both caches."""
         d = self.step["d"]
         forced = None if self.replay is None else self.replay.index_select(0, self.book.step).view(-1)
-        n, nxt = speculative_accept(d, self.step["q"], self.step["logits"], self.sampling, self.gen, forced=forced)
+        n, nxt = speculative_accept(d, self.step["q"], self.step["logits"], self.sampling, self.gen, forced=forced,
+                                    shard=self.shard, rows=self.drows)
         emitted = torch.cat([d, torch.zeros_like(nxt).view(-1, 1)], dim=1)
         emitted.scatter_(1, n.view(-1, 1), nxt.view(-1, 1))  # [B, gamma + 1]
         advance = self.book.emit(emitted, n + 1)
         self.tcache.advance(advance.to(torch.int32))
-        self.dcache.set_lengths(self.tcache.lengths)
+        self.dcache.set_lengths(self.tcache.lengths[self.rows])
         self.cur.copy_(torch.where(advance > 0, nxt, self.cur))
         self.hooks.after_verify(n, advance)

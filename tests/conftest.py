@@ -352,3 +352,67 @@ def _write_profile(path, target, draft, *, heads=True, **over):
     d = {**prof.to_dict(), **over}
     path.write_text(json.dumps(d))
     return path
+
+
+# ---- tensor parallelism on CPU: ranks forked from a server that imported everything once ----
+
+class TPRunner:
+    """tp.case(name, world, **kwargs) -> each rank's return value of `tests/runtime/tp_cases.NAME(tp, ...)`
+    in a gloo group of `world` processes (a failing rank fails the test with its stderr);
+    tp.one(name, **kwargs) -> the same in this process without tensor parallelism;
+    tp.cli(world, *args, env=None) -> each rank's (rc, stdout, stderr) of `dustin ARGS` as torchrun
+    would start it (`tests/runtime/tp_server.py`)."""
+
+    def __init__(self, root: Path):
+        self.root, self.proc, self.n = root, None, 0
+
+    def _ask(self, req: dict) -> list[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                   "TOKENIZERS_PARALLELISM": "false"}
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "runtime" / "tp_server.py")],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.n += 1
+        req["dir"] = str(self.root / f"run{self.n}")
+        Path(req["dir"]).mkdir()
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["rc"]
+
+    def _read(self, req: dict, rank: int, what: str) -> str:
+        return (Path(req["dir"]) / f"rank{rank}.{what}").read_text()
+
+    def case(self, name: str, world: int, selection: str = "shared", timeout: int = 120, **kwargs) -> list:
+        req = {"world": world, "case": name, "kwargs": kwargs, "selection": selection, "timeout": timeout}
+        rc = self._ask(req)
+        for r, code in enumerate(rc):
+            assert code == 0, f"rank {r} exited {code}:\n{self._read(req, r, 'err')}"
+        return [torch.load(Path(req["dir"]) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+    def one(self, name: str, **kwargs):
+        """The same case in this process without tensor parallelism (the reference)."""
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("tp_cases", Path(__file__).parent / "runtime" / "tp_cases.py")
+        cases = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cases)
+        return getattr(cases, name)(None, **kwargs)
+
+    def cli(self, world: int, *args, env: dict | None = None, cwd=None, timeout: int = 120) -> list[tuple]:
+        req = {"world": world, "argv": [str(a) for a in args], "env": env or {}, "timeout": timeout,
+               "cwd": str(cwd or Path(__file__).resolve().parents[1])}
+        rc = self._ask(req)
+        return [(code, self._read(req, r, "out"), self._read(req, r, "err")) for r, code in enumerate(rc)]
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def tp_run(tmp_path_factory):
+    """A `TPRunner` (see it) for the session."""
+    runner = TPRunner(tmp_path_factory.mktemp("tp-runs"))
+    yield runner
+    runner.close()
