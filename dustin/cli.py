@@ -4,6 +4,11 @@ Commands parse options, plan the policy runs (`dustin_eval.plan`, before any mod
 their output, load the models and call the library. Every bad input, a library `DustinError` or a
 usage error of the option parser, becomes one red line on stderr and exit code 2; Ctrl-C one line
 and exit 130.
+
+Tensor parallelism: `torchrun --nproc-per-node N -m dustin.cli COMMAND ... --tp N` (decode, bench
+e2e, every eval). Every rank runs the command; only rank 0 prints and writes (the others' stdout
+goes nowhere and `dustin_runtime.files` writes nothing for them); an error is one line on rank 0
+and exit code 2 on every rank.
 """
 
 from __future__ import annotations
@@ -69,6 +74,12 @@ Seed = Annotated[int, typer.Option(min=0, max=(1 << 63) - 1, help="Seed (data or
 OutDir = Annotated[Path, typer.Option(help="Output folder: resumable records inside, locked while a run writes.")]
 Restart = Annotated[bool, typer.Option("--restart", help="Discard the records an earlier run left in the same "
                                                          "output (needed to change its settings).")]
+TP = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_COUNT,
+                                        help="Tensor-parallel ranks, one process per GPU, started by `torchrun "
+                                             "--nproc-per-node N -m dustin.cli ...` (default: the launcher's).")]
+TPSelect = Annotated[str, typer.Option("--tp-select", help="Verification sets across tensor-parallel ranks: "
+                                                           "shared (one set per sequence) | per-kv-head (each rank "
+                                                           "selects for its KV heads from its retrieval heads).")]
 
 
 def _ints(text: str, option: str, minimum: int = 1, maximum: int = MAX_TOKENS) -> list[int]:
@@ -345,13 +356,25 @@ def profile_show(
         console.print(f"[green]{path} matches the given model(s)[/]")
 
 
-def _load_pair(target: str, draft: str | None, dtype: str, device: str):
-    """Pick the device and dtype, load the target (and draft) with a spinner."""
+def _start_tp(tp: int | None, device: str, select: str = "shared"):
+    """Join the launcher's process group (tensor parallelism) or run alone (None); rank 0 writes."""
+    from dustin_runtime import tp as tensor_parallel
+    from dustin_runtime.files import share_outputs
+
+    group = tensor_parallel.start(tp, device, select)
+    if group is not None:
+        share_outputs(group.rank, group.agree)
+    return group
+
+
+def _load_pair(target: str, draft: str | None, dtype: str, device: str, tp=None):
+    """Pick the device and dtype, load the target (under tensor parallelism this rank's shard)
+    and the draft with a spinner."""
     from dustin_runtime import pipeline
 
     dev = pipeline.pick_device(device)
     with console.status("loading models", spinner="dots"):
-        return pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev)
+        return pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev, tp=tp)
 
 
 @app.command()
@@ -383,6 +406,8 @@ def decode(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
                                           "run eagerly)."),
+    tp: TP = None,
+    tp_select: TPSelect = "shared",
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
     from dustin_eval.plan import plan_sparse
@@ -394,7 +419,8 @@ def decode(
     plan = plan_sparse(policy, profile, budget, sinks, window, all_heads)
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
-    tgt, drf = _load_pair(target, draft, dtype, device)
+    group = _start_tp(tp, device, tp_select)
+    tgt, drf = _load_pair(target, draft, dtype, device, group)
     hooks = None
     if drf is not None:
         from dustin_runtime.policies import make_policy
@@ -432,6 +458,8 @@ def eval_acceptance(
     out_dir: OutDir = Path("results/acceptance"),
     name: str = typer.Option("smollm2-draft", help="Result name: <out-dir>/<name>.{json,md,runs.jsonl}."),
     restart: Restart = False,
+    tp: TP = None,
+    tp_select: TPSelect = "shared",
 ) -> None:
     """Mean accepted length, its retention vs full and ARR for every policy at every budget."""
     import torch
@@ -454,8 +482,12 @@ def eval_acceptance(
              for b in ints}
     if threads is not None:
         torch.set_num_threads(threads)
+    group = _start_tp(tp, device, tp_select)
+    if group is not None and windows % group.world:
+        raise DustinError(f"--windows {windows}: each context's windows decode as one batch, which the draft "
+                          f"splits over --tp {group.world}; give a multiple of {group.world}")
     with FolderLock(out_dir):
-        tgt, drf = _load_pair(target, draft, dtype, device)
+        tgt, drf = _load_pair(target, draft, dtype, device, group)
         configs = sparse_configs(plans, tgt, drf)
         runs = out_dir / f"{name}.runs.jsonl"
 
@@ -467,9 +499,12 @@ def eval_acceptance(
                           f"({r['steps']} steps, {r['decode_s']:.0f} s)", highlight=False)
 
         ident = {**run_identity(tgt, drf), "all_heads": all_heads, "profile": loaded.content if loaded else None}
+        if group is not None:  # sets differ per rank with per-kv-head selection
+            ident["tp"] = {"world": group.world, "select": group.selection}
         records = acc.run_acceptance(tgt, drf, configs, cfg, runs, resume_key_extra=ident, restart=restart,
                                      on_record=show)
-        extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs)}
+        extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs),
+                 "tp": None if group is None else {"world": group.world, "select": group.selection}}
         if loaded is not None:
             extra["profile"] = {"path": loaded.path, "sha256": loaded.sha256}
         prov = provenance(models={"target": tgt.model_id, "draft": drf.model_id},
@@ -518,13 +553,15 @@ def _plan(policy: str, budget: str, profile, sinks, window, all_heads):
     return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads)
 
 
-def _bind(plans, tgt, drf, measure_arr: bool):
+def _bind(plans, tgt, drf, measure_arr: bool, group=None):
     """The hooks factory of the planned runs on the loaded pair, and their resume key (models,
-    dtype, device, each run's settings)."""
+    dtype, device, tensor-parallel selection, each run's settings)."""
     from dustin_eval import plan as pl
 
     configs = pl.sparse_configs(plans, tgt, drf)
     key = {**pl.run_identity(tgt, drf), "measure_arr": measure_arr, "runs": pl.runs_key(plans, configs)}
+    if group is not None:
+        key["tp"] = {"world": group.world, "select": group.selection}
     return pl.hooks_factory(configs, tgt, drf, measure_arr), key
 
 
@@ -550,6 +587,8 @@ def eval_pg19(
     device: Device = "auto",
     out_dir: OutDir = Path("results/pg19"),
     restart: Restart = False,
+    tp: TP = None,
+    tp_select: TPSelect = "shared",
 ) -> None:
     """Perplexity of long books when each teacher-forced verification window attends through the
     policy's set, full-cache perplexity beside it."""
@@ -562,9 +601,13 @@ def eval_pg19(
     plans = _plan(policy, budget, profile, sinks, window, all_heads)
     books = data or gutenberg_split("eval")
     book_paths(books)  # refuses a folder without books before the models load
+    group = _start_tp(tp, device, tp_select)
+    if group is not None and windows % group.world:
+        raise DustinError(f"--windows {windows}: the windows are scored as one batch, which the draft splits "
+                          f"over --tp {group.world}; give a multiple of {group.world}")
     with FolderLock(out_dir):
-        tgt, drf = _load_pair(target, draft, dtype, device)
-        make, key = _bind(plans, tgt, drf, measure_arr)
+        tgt, drf = _load_pair(target, draft, dtype, device, group)
+        make, key = _bind(plans, tgt, drf, measure_arr, group)
         with Progress(console=console) as bar:
             task = bar.add_task(f"pg19 context {context}", total=windows * len(plans))
             rows = run_pg19(tgt.model, drf.model, tgt.tokenizer, books_dir=books, context=context,
@@ -595,6 +638,8 @@ def eval_passkey(
     device: Device = "auto",
     out_dir: OutDir = Path("results/passkey"),
     restart: Restart = False,
+    tp: TP = None,
+    tp_select: TPSelect = "shared",
 ) -> None:
     """Passkey retrieval accuracy per policy over contexts x depths, with heatmaps."""
     from rich.progress import Progress
@@ -612,13 +657,14 @@ def eval_passkey(
     if not dps or not all(0.0 <= d <= 1.0 for d in dps):
         raise DustinError(f"--depths {depths!r}: expected comma-separated numbers in [0, 1]")
     text = read_filler(filler or gutenberg_split("eval"), max_books=3)
+    group = _start_tp(tp, device, tp_select)
     with FolderLock(out_dir):
-        tgt, drf = _load_pair(target, draft, dtype, device)
+        tgt, drf = _load_pair(target, draft, dtype, device, group)
         limit = min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
         if max(ctx) + max_new_tokens > limit:
             raise DustinError(f"context {max(ctx)} + {max_new_tokens} new tokens exceeds the models' limit of {limit} "
                               f"tokens; use --contexts up to {limit - max_new_tokens}")
-        make, key = _bind(plans, tgt, drf, measure_arr=False)
+        make, key = _bind(plans, tgt, drf, False, group)
         with Progress(console=console) as bar:
             task = bar.add_task("passkey", total=len(plans) * len(ctx) * len(dps) * trials)
             rows = run_passkey(tgt.model, drf.model, tgt.tokenizer, filler_text=text, contexts=ctx, depths=dps,
@@ -650,6 +696,8 @@ def eval_longbench(
     device: Device = "auto",
     out_dir: OutDir = Path("results/longbench"),
     restart: Restart = False,
+    tp: TP = None,
+    tp_select: TPSelect = "shared",
 ) -> None:
     """LongBench (v1, English subsets): reference prompts, truncation and metrics, greedy decoding
     through each verification policy."""
@@ -672,9 +720,10 @@ def eval_longbench(
         names = present
         if not names:
             raise DustinError(f"{data}: none of the 16 English LongBench datasets is there")
+    group = _start_tp(tp, device, tp_select)
     with FolderLock(out_dir):
-        tgt, drf = _load_pair(target, draft, dtype, device)
-        make, key = _bind(plans, tgt, drf, measure_arr=False)
+        tgt, drf = _load_pair(target, draft, dtype, device, group)
+        make, key = _bind(plans, tgt, drf, False, group)
         limit_len = max_length or min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
         common = {k: v for k, v in key.items() if k != "runs"}
         for run in plans:
@@ -707,15 +756,34 @@ def _print_rows(title: str, rows: list[dict]) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    """One line on stderr (newlines in a message folded), then exit with `code`."""
+    """One line on stderr (newlines in a message folded; rank 0 only under a launcher), then exit
+    with `code`."""
     line = " ".join(message.split())
     err_console.print(Text.assemble(("error: ", "bold red"), line), highlight=False, soft_wrap=True)
+    _leave()
     sys.exit(code)
+
+
+def _leave() -> None:
+    """Leave the tensor-parallel process group, if this command joined one."""
+    from dustin_runtime.tp import finish
+
+    finish()
+
+
+def _follow_rank0() -> None:
+    """Under a launcher, ranks other than 0 print nothing (their errors are rank 0's too)."""
+    from dustin_runtime.tp import launch_rank
+
+    if launch_rank() != 0:
+        console.quiet = err_console.quiet = True
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
 
 
 def main() -> None:
     """Entry point of the console script. Every bad input, ours (`DustinError`) or a usage error of
     the option parser, is one line on stderr and exit code 2; Ctrl-C is one line and exit 130."""
+    _follow_rank0()
     try:
         code = app(standalone_mode=False)  # typer returns 130 for Ctrl-C, and the code of an Exit
     except DustinError as e:
@@ -734,6 +802,7 @@ def main() -> None:
         _fail(e.format_message(), 2)
     if code == 130:
         _fail("interrupted", 130)
+    _leave()
     sys.exit(code if isinstance(code, int) else 0)
 
 

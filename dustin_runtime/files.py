@@ -2,7 +2,12 @@
 folder), durable appends of JSONL lines, a lock on an output folder, and the resume key of a run.
 
 A kill at any point leaves either the old file or the new one, never a torn one; the lock keeps two
-runs off one output; the resume key refuses to mix records made with other settings."""
+runs off one output; the resume key refuses to mix records made with other settings.
+
+In a multi-process (tensor-parallel) run only rank 0 writes (`share_outputs`): on the other ranks
+locks, atomic writes and appends do nothing (writers get a private scratch path), and they read
+the same resume state as rank 0: `check_resume_key` ends with a collective that every rank passes
+after rank 0 has checked (or discarded) the records, and that raises rank 0's error everywhere."""
 
 from __future__ import annotations
 
@@ -22,6 +27,17 @@ from dustin_runtime.errors import DustinError
 TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")  # atomic_path's temp names
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+_SHARED: dict = {"rank": 0, "agree": None}  # set by `share_outputs` in a multi-process run
+
+
+def share_outputs(rank: int, agree) -> None:
+    """Join a multi-process run as `rank`: ranks other than 0 write nothing; `agree(error or None)`
+    is the collective that raises the same error on every rank (`TensorParallel.agree`)."""
+    _SHARED.update(rank=rank, agree=agree)
+
+
+def _writer() -> bool:
+    return _SHARED["rank"] == 0
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -41,6 +57,8 @@ def fsync_dir(folder: str | Path) -> None:
 def make_dir(folder: str | Path, what: str = "output folder") -> Path:
     """mkdir -p with one clear error (a file in the way, no permission)."""
     folder = Path(folder)
+    if not _writer():
+        return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -56,6 +74,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     torch.save); on success it is fsynced and renamed over `path`, on failure removed. The temp
     name is hidden and keeps the extension (writers such as matplotlib read the format from it)."""
     path = Path(path)
+    if not _writer():  # rank > 0 of a multi-process run: a scratch file, discarded
+        with tempfile.TemporaryDirectory(prefix="dustin-rank-") as scratch:
+            yield Path(scratch) / f"scratch{path.suffix}"
+        return
     make_dir(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
@@ -89,6 +111,9 @@ def move_into(src: str | Path, dst: str | Path) -> Path:
     """Publish a finished file: fsync it and rename it over `dst` (same file system), then fsync
     the folder."""
     src, dst = Path(src), Path(dst)
+    if not _writer():
+        src.unlink(missing_ok=True)
+        return dst
     try:
         with open(src, "rb+") as f:
             os.fsync(f.fileno())
@@ -102,6 +127,8 @@ def move_into(src: str | Path, dst: str | Path) -> Path:
 def append_line(path: str | Path, line: str) -> None:
     """Append one line (newline added) and fsync it; a kill can tear only this last line."""
     path = Path(path)
+    if not _writer():
+        return
     new = not path.exists()
     try:
         with open(path, "a", encoding="utf-8") as f:
@@ -142,6 +169,8 @@ class FolderLock:
         self._key = str(self.path.resolve())
 
     def __enter__(self) -> FolderLock:
+        if not _writer():  # rank 0 of a multi-process run holds the lock
+            return self
         if self._key in self._held:
             fd, depth = self._held[self._key]
             self._held[self._key] = (fd, depth + 1)
@@ -168,6 +197,8 @@ class FolderLock:
         return self
 
     def __exit__(self, *exc) -> None:
+        if not _writer():
+            return
         fd, depth = self._held[self._key]
         if depth > 1:
             self._held[self._key] = (fd, depth - 1)
@@ -204,7 +235,22 @@ def check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...] = ()
     run stores the key at `path` before any record; a later run resumes when no shared setting
     differs (new runs are added to the stored key) and is refused with one line naming the
     differing settings otherwise. `restart` deletes the records and stores the new key. Records
-    without a readable key (an older dustin made them) are refused too: their settings are unknown."""
+    without a readable key (an older dustin made them) are refused too: their settings are unknown.
+    In a multi-process run every rank returns (or raises rank 0's error) after rank 0's check."""
+    agree = _SHARED["agree"]
+    if agree is None:
+        return _check_resume_key(path, key, records, restart=restart, where=where)
+    error = None
+    if _writer():
+        try:
+            _check_resume_key(path, key, records, restart=restart, where=where)
+        except DustinError as e:
+            error = str(e)
+    agree(error)
+
+
+def _check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...], *, restart: bool,
+                      where: str | None) -> None:
     path = Path(path)
     where = where or str(path.parent)
     key = json.loads(json.dumps(key, default=str))  # compare as stored

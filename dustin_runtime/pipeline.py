@@ -11,12 +11,13 @@ import torch
 
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import generate
-from dustin_runtime.loader import Checkpoint, load_model, parse_dtype, resolve_checkpoint
+from dustin_runtime.loader import Checkpoint, load_model, parse_dtype
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import SamplingConfig
 from dustin_runtime.speculative import SpecHooks, speculative_generate
 from dustin_runtime.stats import DecodeStats
 from dustin_runtime.tokenizer import check_same_vocab, encode, eos_ids, load_tokenizer
+from dustin_runtime.tp import TensorParallel
 
 
 @dataclass
@@ -50,18 +51,18 @@ def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
     return parse_dtype(dtype)
 
 
-def load(spec: str, *, dtype: torch.dtype, device: str) -> LoadedModel:
-    """Resolve, load and attach the tokenizer of one checkpoint."""
-    ckpt = resolve_checkpoint(spec)
-    model, ckpt = load_model(ckpt, dtype=dtype, device=device)
+def load(spec: str, *, dtype: torch.dtype, device: str, tp: TensorParallel | None = None) -> LoadedModel:
+    """Resolve, load (under `tp`: this rank's shard) and attach the tokenizer of one checkpoint."""
+    model, ckpt = load_model(spec, dtype=dtype, device=device, tp=tp)
     return LoadedModel(model, ckpt, load_tokenizer(ckpt))
 
 
 def load_pair(
-    target: str, draft: str | None, *, dtype: torch.dtype, device: str
+    target: str, draft: str | None, *, dtype: torch.dtype, device: str, tp: TensorParallel | None = None
 ) -> tuple[LoadedModel, LoadedModel | None]:
-    """Target and optional draft; refuses a draft whose vocabulary differs from the target's."""
-    t = load(target, dtype=dtype, device=device)
+    """Target and optional draft; refuses a draft whose vocabulary differs from the target's. Under
+    tensor parallelism (`tp`) the target is sharded and the draft replicated on every rank."""
+    t = load(target, dtype=dtype, device=device, tp=tp)
     if draft is None:
         return t, None
     d = load(draft, dtype=dtype, device=device)
@@ -179,6 +180,7 @@ def decode(
         "target": target.model_id,
         "draft": draft.model_id if draft else None,
         "device": str(target.model.device),
+        "tp": 1 if target.model.tp is None else target.model.tp.world,
         "dtype": str(target.model.dtype).removeprefix("torch."),
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,

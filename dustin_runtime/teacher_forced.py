@@ -62,6 +62,10 @@ def teacher_forced_nll(
     if draft is None and any(h is not None and h.name != "full" for h in runs):
         raise DustinError("a verification policy needs the draft")
     device, B = target.device, len(sequences)
+    tp = target.tp  # tensor parallel: the draft runs this rank's rows of the batch
+    if tp is not None and B % tp.world:
+        raise DustinError(f"{B} teacher-forced sequences do not divide over --tp {tp.world}")
+    rows = slice(None) if tp is None else tp.rows(B)
     base = default_backend(device)
     prompts = [s[:context] for s in sequences]
     shared = context - 1 - (gamma + 1)  # rows every policy shares; the last gamma + 1 are its own
@@ -70,8 +74,8 @@ def teacher_forced_nll(
     prefill(target, tbase, [p[: shared + 1] for p in prompts], base, chunk=prefill_chunk)
     dbase = None
     if draft is not None:
-        dbase = draft.allocate_cache(B, capacity)
-        prefill(draft, dbase, [p[: shared + 1] for p in prompts], base, chunk=prefill_chunk)
+        dbase = draft.allocate_cache(len(prompts[rows]), capacity)
+        prefill(draft, dbase, [p[: shared + 1] for p in prompts[rows]], base, chunk=prefill_chunk)
     results = []
     for h in runs:
         results.append(_run_one(target, draft, sequences, context, gamma, h or SpecHooks(), _copy(tbase),
@@ -81,6 +85,7 @@ def teacher_forced_nll(
 
 def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, shared, base):
     device, B, total = target.device, len(sequences), len(sequences[0])
+    rows = slice(None) if target.tp is None else target.tp.rows(B)
     t_backend = hooks.target_backend(base)
     d_backend = hooks.draft_backend(base) if draft is not None else None
     hooks.setup(tcache, dcache, gamma)
@@ -88,7 +93,7 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
     tail = hooks.prefill_tail(gamma)
     prefill(target, tcache, prompts, t_backend, tail=tail, start=shared)
     if draft is not None:
-        prefill(draft, dcache, prompts, d_backend, tail=tail, start=shared)
+        prefill(draft, dcache, prompts[rows], d_backend, tail=tail, start=shared)
     hooks.after_prefill()
     ids = torch.tensor(sequences, device=device)  # [B, total]
     nll = torch.zeros(B, dtype=torch.float64, device=device)
@@ -99,7 +104,7 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
         hooks.before_draft()
         if draft is not None:
             for i in range(w):
-                draft(window[:, i : i + 1], dcache, d_backend, phase="draft", logits="none")
+                draft(window[rows, i : i + 1], dcache, d_backend, phase="draft", logits="none")
                 dcache.advance(1)
         hooks.drafted(window)
         hooks.before_verify()
@@ -111,7 +116,7 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
         advance = torch.full((B,), w, dtype=torch.int32, device=device)
         tcache.advance(advance)
         if dcache is not None:
-            dcache.set_lengths(tcache.lengths)
+            dcache.set_lengths(tcache.lengths[rows])
         hooks.after_verify(torch.full((B,), w - 1, device=device), advance)
         windows += 1
         p += w

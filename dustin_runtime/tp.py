@@ -23,14 +23,16 @@ its own retrieval heads, `selection` says how verification sets are chosen acros
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.sparse import Head
+
+if TYPE_CHECKING:  # torch loads with the first tensor-parallel call, not with the CLI
+    import torch
 
 SELECTIONS = ("shared", "per-kv-head")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
@@ -85,8 +87,8 @@ class TensorParallel:
 
     def agree(self, error: str | None) -> None:
         """Collective: raise the same `DustinError` on every rank when any rank has an error (the
-        lowest failing rank's, naming the rank unless every rank had it), so no rank waits for a
-        failed one."""
+        lowest failing rank's, naming the rank when it is not rank 0, which prints), so no rank
+        waits for a failed one."""
         import torch.distributed as dist
 
         errors: list[str | None] = [None] * self.world
@@ -94,7 +96,7 @@ class TensorParallel:
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
         if failed:
             r, e = failed[0]
-            raise DustinError(e if len(set(errors)) == 1 else f"rank {r} of {self.world}: {e}")
+            raise DustinError(e if r == 0 else f"rank {r} of {self.world}: {e}")
 
 
 def shard_config(cfg: ModelConfig, tp: TensorParallel | None) -> ModelConfig:
@@ -159,6 +161,7 @@ def start(tp: int | None, device: str, selection: str = "shared") -> TensorParal
     if tp is not None and tp != world:
         raise DustinError(f"--tp {tp}, but the launcher started {world} process{'es' if world != 1 else ''} "
                           f"(WORLD_SIZE={world}): give --nproc-per-node {tp}")
+    import torch
     import torch.distributed as dist
 
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
@@ -177,6 +180,8 @@ def start(tp: int | None, device: str, selection: str = "shared") -> TensorParal
 
 def finish() -> None:
     """Leave the process group (at the end of a command)."""
+    if "torch" not in sys.modules:
+        return
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -1,0 +1,89 @@
+"""`dustin` under a launcher (RANK, WORLD_SIZE, ... as torchrun sets them; ranks forked by the
+`tp_run` fixture, gloo on CPU): the same output as one process, printed by rank 0 only, and every
+bad input one line on rank 0 with exit code 2 on every rank."""
+
+import json
+import shutil
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def pair(small_models, write_profile, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp-cli")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time there was"}\n{"prompt": "The river ran", "max_new_tokens": 5}\n'
+                       '{"prompt": "In the morning the"}\n')
+    profile = write_profile(root / "p.json", small_models["target"], small_models["draft"], budget=16, window=4, m=4)
+    return {"target": small_models["target"], "draft": small_models["draft"], "prompts": prompts,
+            "profile": profile, "root": root}
+
+
+def _decode(pair, *extra):
+    return ["decode", "--target", pair["target"], "--draft", pair["draft"], "--batch-file", pair["prompts"],
+            "--max-new-tokens", "8", "--gamma", "3", "--json", *extra]
+
+
+def _record(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("policy", ["full", "dustin"])
+def test_decode_under_the_launcher_equals_one_process(pair, cli, tp_run, policy):
+    args = _decode(pair, "--policy", policy, *(["--profile", pair["profile"]] if policy == "dustin" else []))
+    one = cli(*args)
+    assert one.returncode == 0, one.stderr
+    ranks = tp_run.cli(2, *args, "--tp", "2")
+    assert [rc for rc, _, _ in ranks] == [0, 0], ranks[0][2] + ranks[1][2]
+    rec = _record(ranks[0][1])
+    assert rec["tokens"] == _record(one.stdout)["tokens"] and rec["tp"] == 2
+    assert ranks[1][1] == ""  # rank 1 prints nothing
+
+
+def _one_line_on_rank0(ranks, *needles):
+    assert [rc for rc, _, _ in ranks] == [2] * len(ranks), ranks
+    lines = [ln for ln in ranks[0][2].splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in ranks[0][2], ranks[0][2]
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert all(out == "" and err == "" for _, out, err in ranks[1:]), ranks[1:]
+
+
+def test_tp_not_dividing_the_kv_heads(pair, tp_run):
+    _one_line_on_rank0(tp_run.cli(3, *_decode(pair), "--tp", "3"), "--tp 3 does not divide the 2 KV heads")
+
+
+def test_tp_other_than_the_launchers_world(pair, tp_run):
+    _one_line_on_rank0(tp_run.cli(2, *_decode(pair), "--tp", "4"), "--tp 4", "started 2 processes")
+
+
+def test_tp_larger_than_the_visible_gpus(pair, tp_run):
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine shows 2 GPUs")
+    _one_line_on_rank0(tp_run.cli(2, *_decode(pair), "--tp", "2", "--device", "cuda"),
+                       "--tp 2 puts 2 processes on this machine", "GPU")
+
+
+def test_a_ranks_shard_missing(pair, tp_run):
+    """The config asks for 1028 vocabulary rows, the checkpoint holds 1024: rank 1's rows 514:1028 of the
+    embedding are not in the file; rank 0 reports rank 1's error and both exit 2."""
+    short = pair["root"] / "short-vocab"
+    if not short.exists():
+        shutil.copytree(pair["target"], short)
+        cfg = json.loads((short / "config.json").read_text())
+        (short / "config.json").write_text(json.dumps({**cfg, "vocab_size": 1028}))
+    args = _decode(pair)
+    args[args.index("--target") + 1] = short
+    _one_line_on_rank0(tp_run.cli(2, *args, "--tp", "2"), "rank 1 of 2", "rows 514:1028", "missing")
+
+
+def test_tp_without_the_launcher(pair, cli, assert_one_line_error):
+    assert_one_line_error(cli(*_decode(pair), "--tp", "2"), "torchrun --nproc-per-node 2", code=2)
+
+
+def test_per_kv_head_selection_needs_heads_on_every_rank(pair, tp_run):
+    """The profile's one target head is on KV head 0 (rank 0): rank 1 would have no signal."""
+    args = _decode(pair, "--policy", "dustin", "--profile", pair["profile"], "--tp", "2", "--tp-select", "per-kv-head")
+    _one_line_on_rank0(tp_run.cli(2, *args), "rank 1 of 2 holds none of the target retrieval heads")
