@@ -227,7 +227,9 @@ def bench_e2e(
     m: int = typer.Option(112, min=0, max=MAX_TOKENS, help="Rows chosen by the draft's lookahead (0: target "
                                                            "history only)."),
     alphas: str = typer.Option("0.5,0.6,0.7,0.8,0.9", help="Alpha sweep for the plot ('' to skip)."),
-    out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>.json."),
+    out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>[-tp<N>].json."),
+    tp: TP = None,
+    tp_select: TPSelect = "shared",
 ) -> None:
     """The decoding loop users run (CUDA graphs), end to end per policy, beside vanilla and standard
     speculative decoding in the same process: ms per step, tokens/s, phases, floors, speedups."""
@@ -246,11 +248,12 @@ def bench_e2e(
     pairs = list(zip(bs * n if len(bs) == 1 else bs, cs * n if len(cs) == 1 else cs, strict=True))
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     command = "dustin " + " ".join(sys.argv[1:])
+    group = _start_tp(tp, "cuda", tp_select)
     for b, c in pairs:
         cfg = be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                            policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh,
-                           draft_srh=draft_srh, m=m, alphas=al)
-        res = be.run_e2e(cfg, command, on_record=lambda r: console.print(
+                           draft_srh=draft_srh, m=m, alphas=al, tp=1 if group is None else group.world)
+        res = be.run_e2e(cfg, command, tp=group, on_record=lambda r: console.print(
             f"{r['policy']:>12}: {r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.0f} tok/s "
             f"(graph phases {r['graph_phase_sum_ms']:.2f} ms)", highlight=False))
         path = be.write_result(res, out_dir)

@@ -20,12 +20,18 @@ steps over their number, prefill excluded; `tokens_per_s`: the whole batch). The
 graph is replayed alone (state restored between replays): their sum is the loop's floor,
 `graph_phase_sum_ms`. `byte_floor_ms` is the bytes a step must read (weights, KV rows, retrieval
 keys) over the copy bandwidth measured in the same run. A sweep over alpha (replayed counts only)
-gives tokens/s per policy and alpha, plotted."""
+gives tokens/s per policy and alpha, plotted.
+
+With `--tp N` under `torchrun --nproc-per-node N` the target is tensor parallel over N GPUs (random
+weights: each rank makes only its shards) and the draft batch-parallel; the phase graphs hold the
+collectives, the byte floor is one rank's bytes, and each policy's record adds the collectives of
+a step (calls, bytes, and their time replayed alone: `dustin_eval.tp_cost`). Rank 0 writes."""
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -64,6 +70,7 @@ class E2EConfig:
     alphas: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)
     phase_reps: int = 20
     seed: int = 0
+    tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
 
     def check(self) -> None:
         bad = [p for p in self.policies if p not in POLICIES]
@@ -155,8 +162,9 @@ class Pair:
     eos: tuple[int, ...] = ()
 
 
-def load_pair(cfg: E2EConfig) -> Pair:
-    """Random-weight models at preset shapes, or checkpoints with book-window prompts."""
+def load_pair(cfg: E2EConfig, tp=None) -> Pair:
+    """Random-weight models at preset shapes, or checkpoints with book-window prompts (under `tp`
+    the target sharded, the draft replicated)."""
     from dustin_runtime.presets import PRESETS, default_draft, preset
 
     names = set(PRESETS)
@@ -167,7 +175,7 @@ def load_pair(cfg: E2EConfig) -> Pair:
         rows = cfg.context + cfg.new_tokens + 2 * (cfg.gamma + 1) + 1  # positions the run reaches
         tcfg, dcfg = (replace(c, max_position_embeddings=max(c.max_position_embeddings, rows))
                       for c in (preset(cfg.target), preset(dname)))
-        t = random_model(tcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed).use_kernels()
+        t = random_model(tcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed, tp=tp).use_kernels()
         d = random_model(dcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed + 1).use_kernels()
         g = torch.Generator().manual_seed(cfg.seed)
         vocab = min(tcfg.vocab_size, dcfg.vocab_size)
@@ -179,7 +187,7 @@ def load_pair(cfg: E2EConfig) -> Pair:
     from dustin_runtime.pipeline import load_pair as load_checkpoints
     from dustin_runtime.tokenizer import eos_ids
 
-    tgt, drf = load_checkpoints(cfg.target, cfg.draft, dtype=torch.bfloat16, device="cuda")
+    tgt, drf = load_checkpoints(cfg.target, cfg.draft, dtype=torch.bfloat16, device="cuda", tp=tp)
     tgt.model.use_kernels(), drf.model.use_kernels()
     ids = tgt.tokenizer(read_filler(gutenberg_split("eval"), max_books=cfg.batch + 2),
                         add_special_tokens=False)["input_ids"]
@@ -236,12 +244,7 @@ def time_phases(eng: Engine, reps: int) -> dict[str, float]:
     st = eng.last
     if st is None or not st.graphs.captured:
         return {}
-    saved = [t.clone() for t in st.mutable]
-
-    def restore():
-        for t, s in zip(st.mutable, saved, strict=True):
-            t.copy_(s)
-
+    restore = st.snapshot()
     out = {name: events_ms(graph.replay, reps, setup=restore)["median_ms"] for name, graph in st.graphs.graphs.items()}
     restore()
     return out
@@ -249,27 +252,34 @@ def time_phases(eng: Engine, reps: int) -> dict[str, float]:
 
 def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy_tbps: float) -> dict:
     """Bytes one step must read at least, and that over the copy bandwidth (ms): weights once per
-    forward, the KV rows each attention reads, the retrieval heads' keys."""
-    t, d = pair.target.cfg, pair.draft.cfg
+    forward, the KV rows each attention reads, the retrieval heads' keys. Under tensor parallelism
+    one rank's bytes: its shard of the target, its KV heads, its draft rows (the replicated draft's
+    weights whole), the retrieval heads of the rank holding the most."""
+    from dustin_runtime.tp import local_heads
+
+    t, d, tp = pair.target.cfg, pair.draft.cfg, pair.target.tp
+    P = 1 if tp is None else tp.world
     B, L, M, el = cfg.batch, cfg.context, cfg.gamma + 1, 2
     w_t = sum(p.numel() * p.element_size() for p in pair.target.parameters())
     w_d = sum(p.numel() * p.element_size() for p in pair.draft.parameters())
-    kv_row_t = t.kv_bytes_per_token(el)  # K and V of one token, all layers
-    draft_step = M * (w_d + B * L * d.kv_bytes_per_token(el))
+    kv_row_t = t.kv_bytes_per_token(el) // P  # K and V of one token, all layers, this rank's KV heads
+    draft_step = M * (w_d + B // P * L * d.kv_bytes_per_token(el))
     if policy == AR:
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
     if policy.endswith(SPARSE_DRAFT):  # the draft reads the set, the commits and its drafts, not its cache
         policy = policy.removesuffix(SPARSE_DRAFT)
-        draft_step = M * (w_d + B * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
+        draft_step = M * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
     if policy == "full":
         target = w_t + B * L * kv_row_t
     else:
         target = w_t + B * (cfg.budget + M) * kv_row_t
         if policy == "dustin":  # each retrieval KV head's keys over the context, target and draft
-            target += B * L * el * (len(scfg.target_heads) * t.head_dim + len(scfg.draft_heads) * d.head_dim)
+            srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
+                len(scfg.target_heads)
+            target += L * el * (B * srh * t.head_dim + B // P * len(scfg.draft_heads) * d.head_dim)
         if policy == "quest":  # min and max key per page of 16, every layer and KV head
-            target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size * el
+            target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
     total = draft_step + target
     return {"bytes": total, "ms": total / (copy_tbps * 1e12) * 1e3, "draft_bytes": draft_step,
             "draft_ms": draft_step / (copy_tbps * 1e12) * 1e3}
@@ -302,16 +312,20 @@ def _record(policy: str, res, source: str, phases: dict[str, float], floor: dict
     }
 
 
-def run_e2e(cfg: E2EConfig, command: str, on_record=None) -> dict:
-    """Every policy of `cfg` on one pair, one cache; returns the result record."""
+def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
+    """Every policy of `cfg` on one pair, one cache; returns the result record (`tp`: this rank's
+    place in a tensor-parallel run of cfg.tp ranks)."""
     if not torch.cuda.is_available():
         raise DustinError("dustin bench e2e needs a CUDA GPU")
     from dustin_eval.bench_attention import copy_bandwidth_tbps
+    from dustin_eval.tp_cost import step_costs
     from dustin_runtime.provenance import environment
 
     cfg.check()
+    if cfg.batch % (tp.world if tp else 1):
+        raise DustinError(f"--batch {cfg.batch} does not divide over --tp {tp.world} (the draft splits the batch)")
     copy = copy_bandwidth_tbps()["tbps"]
-    pair = load_pair(cfg)
+    pair = load_pair(cfg, tp)
     scfg = sparse_config(cfg, pair)
     eng = Engine(pair.target, pair.draft, graphs=True)
     max_steps = cfg.new_tokens + 1
@@ -329,6 +343,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None) -> dict:
             res = _run(pair, eng, policy, cfg, scfg, counts)
         rec = _record(policy, res, AR if policy == AR else source, time_phases(eng, cfg.phase_reps),
                       byte_floor(pair, policy, cfg, scfg, copy))
+        if tp is not None:
+            rec["tp"] = step_costs(eng, tp, cfg.phase_reps)
         records.append(rec)
         if on_record:
             on_record(rec)
@@ -362,6 +378,9 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None) -> dict:
                    "target_heads": [list(h[:2]) for h in scfg.target_heads],
                    "draft_heads": [list(h[:2]) for h in scfg.draft_heads]},
         "copy_tbps": copy,
+        "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
+                                       "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),
+                                       "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")},
         "records": records,
         "summary": summary,
         "alpha_sweep": sweep,
@@ -376,7 +395,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None) -> dict:
 def result_path(out_dir: Path, res: dict) -> Path:
     c = res["config"]
     name = c["target"].rstrip("/").split("/")[-1].lower()
-    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}.json"
+    tp = f"-tp{c['tp']}" if c.get("tp", 1) > 1 else ""
+    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}{tp}.json"
 
 
 def write_result(res: dict, out_dir: Path) -> Path:

@@ -49,10 +49,12 @@ class PhaseGraphs:
         self.enabled = enabled
         self.generator = generator
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.fns: dict[str, Callable[[], None]] = {}  # each phase's function (side measurements call it)
         self.warm: set[str] = set()
         self.pool = None
 
     def run(self, name: str, fn: Callable[[], None]) -> None:
+        self.fns[name] = fn
         if not self.enabled:
             fn()
             return
@@ -88,6 +90,17 @@ class LoopState:
     objs: dict[str, Any] = field(default_factory=dict)
     mutable: list[torch.Tensor] = field(default_factory=list)  # what a step changes (lengths, bookkeeping)
     calls: int = 0
+
+    def snapshot(self) -> Callable[[], None]:
+        """A copy of what a step changes, and the function that puts it back (side measurements
+        replay or call a phase alone, between restores)."""
+        saved = [t.clone() for t in self.mutable]
+
+        def restore() -> None:
+            for t, s in zip(self.mutable, saved, strict=True):
+                t.copy_(s)
+
+        return restore
 
 
 def round_capacity(rows: int) -> int:

@@ -38,15 +38,17 @@ SELECTIONS = ("shared", "per-kv-head")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class TensorParallel:
     """This process's place in a tensor-parallel group: `rank` of `world`, the process group
-    (None: the default group) and how verification sets are selected across ranks."""
+    (None: the default group) and how verification sets are selected across ranks. While `record`
+    is a list, every collective appends (kind, elements, dtype) to it (what a step sends)."""
 
     rank: int
     world: int
     group: Any = None
     selection: str = "shared"
+    record: list | None = None
 
     def __post_init__(self):
         if self.selection not in SELECTIONS:
@@ -65,6 +67,8 @@ class TensorParallel:
         """Sum (or max) `t` over ranks, in place."""
         import torch.distributed as dist
 
+        if self.record is not None:
+            self.record.append(("all_reduce", t.numel(), t.dtype))
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.group)
         return t
 
@@ -72,6 +76,8 @@ class TensorParallel:
         """Every rank's `t` stacked: [world, *t.shape]."""
         import torch.distributed as dist
 
+        if self.record is not None:
+            self.record.append(("all_gather", t.numel(), t.dtype))
         out = t.new_empty(self.world * t.numel())
         dist.all_gather_into_tensor(out, t.contiguous().view(-1), group=self.group)
         return out.view(self.world, *t.shape)
@@ -80,6 +86,8 @@ class TensorParallel:
         """Every rank's rows of a batch-parallel tensor t [B/P, ...] -> [B, ...] (into `out`)."""
         import torch.distributed as dist
 
+        if self.record is not None:
+            self.record.append(("all_gather", t.numel(), t.dtype))
         if out is None:
             out = t.new_empty(self.world * t.shape[0], *t.shape[1:])
         dist.all_gather_into_tensor(out.view(-1), t.contiguous().view(-1), group=self.group)

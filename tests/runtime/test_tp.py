@@ -106,3 +106,21 @@ def test_tp_size_must_divide_the_kv_heads_and_fit_the_gpus(models):
     check_gpus(4, 4, 8)
     with pytest.raises(DustinError, match="--tp 4 puts 4 processes on this machine, which shows 2 GPUs"):
         check_gpus(4, 4, 2)
+
+
+def test_collectives_of_a_step(tp_run, models):
+    """What one dustin step sends: the draft's tokens and lookahead gathered, one all-reduce of the
+    history [B, N], two all-reduces per layer and one for the embedding in each target forward, one
+    gather of [2, B, gamma + 1] maxima for the argmax."""
+    from dustin_runtime.engine import round_capacity
+    from dustin_runtime.generate import cache_capacity
+
+    B, d, L, gamma = 4, 64, 2, 3
+    N = round_capacity(cache_capacity(PROMPTS, [6] * B, gamma))  # the caches' rows
+    got = tp_run.case("collectives", 2, target=models["llama3"], draft=models["draft"], prompts=PROMPTS,
+                      policy="dustin", **DUSTIN)[0]
+    assert got["draft"] == [("all_gather", B // 2 * gamma, "torch.int64")]
+    assert sorted(got["select"]) == [("all_gather", B // 2 * N, "torch.float32"),
+                                     ("all_reduce", B * N, "torch.float32")]
+    assert got["verify"] == [("all_reduce", B * (gamma + 1) * d, "torch.float32")] * (1 + 2 * L)
+    assert got["accept"] == [("all_gather", 2 * B * (gamma + 1), "torch.float64")]

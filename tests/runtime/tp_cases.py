@@ -65,3 +65,22 @@ def autoregressive(tp, target: str, prompts: list[list[int]], temperature: float
     res = generate(model, prompts, max_new, sampling=SamplingConfig(temperature=temperature, top_p=top_p), seed=seed,
                    min_new_tokens=min_new, eos_ids=tuple(eos))
     return res.tokens
+
+
+@torch.inference_mode()
+def collectives(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "full", **sparse) -> dict:
+    """The collectives each phase of a speculative step issues (`dustin_eval.tp_cost`), by kind,
+    elements and dtype."""
+    from dustin_eval.tp_cost import phase_collectives
+    from dustin_runtime.engine import Engine
+
+    t, _ = load_model(target, tp=tp)
+    d, _ = load_model(draft)
+    cfg = None
+    if policy != "full":
+        cfg = SparseConfig(budget=sparse["budget"], sinks=2, window=4, m=sparse.get("m", 0),
+                           target_heads=_heads(sparse.get("target_heads")),
+                           draft_heads=_heads(sparse.get("draft_heads")))
+    eng = Engine(t, d)
+    speculative_generate(t, d, prompts, 6, gamma=3, hooks=make_policy(policy, cfg, target=t, draft=d), engine=eng)
+    return {k: [(kind, n, str(dt)) for kind, n, dt in v] for k, v in phase_collectives(eng, tp).items()}
