@@ -41,7 +41,10 @@ def collectives_ms(tp: TensorParallel, calls: list[tuple[str, int, torch.dtype]]
 
     def step():
         for kind, buf in bufs:
-            tp.all_reduce_(buf) if kind == "all_reduce" else tp.all_gather(buf)
+            if kind == "all_reduce":
+                tp.all_reduce_(buf)
+            else:
+                tp.all_gather(buf)
 
     return graph_ms([step], replays=replays, budget_ms=None)["median_ms"]
 

@@ -382,8 +382,9 @@ def convert_weights(
 
 
 def _empty(model: Transformer, device, dtype: torch.dtype) -> Transformer:
-    """Meta model -> uninitialised storage on `device` in `dtype`, ties and buffers restored."""
-    model = model.to_empty(device=device).to(dtype)
+    """Meta model -> uninitialised storage on `device` in `dtype` (cast on meta first: no float32
+    copy of the model is ever allocated), ties and buffers restored."""
+    model = model.to(dtype).to_empty(device=device)
     if model.cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     model.rope = torch.empty(2, 0, model.cfg.head_dim, device=device)

@@ -74,23 +74,19 @@ class TensorParallel:
 
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         """Every rank's `t` stacked: [world, *t.shape]."""
-        import torch.distributed as dist
-
         if self.record is not None:
             self.record.append(("all_gather", t.numel(), t.dtype))
         out = t.new_empty(self.world * t.numel())
-        dist.all_gather_into_tensor(out, t.contiguous().view(-1), group=self.group)
+        _gather_into(out, t.contiguous().view(-1), self.group)
         return out.view(self.world, *t.shape)
 
     def gather_rows(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Every rank's rows of a batch-parallel tensor t [B/P, ...] -> [B, ...] (into `out`)."""
-        import torch.distributed as dist
-
         if self.record is not None:
             self.record.append(("all_gather", t.numel(), t.dtype))
         if out is None:
             out = t.new_empty(self.world * t.shape[0], *t.shape[1:])
-        dist.all_gather_into_tensor(out.view(-1), t.contiguous().view(-1), group=self.group)
+        _gather_into(out.view(-1), t.contiguous().view(-1), self.group)
         return out
 
     def agree(self, error: str | None) -> None:
@@ -105,6 +101,14 @@ class TensorParallel:
         if failed:
             r, e = failed[0]
             raise DustinError(e if r == 0 else f"rank {r} of {self.world}: {e}")
+
+
+def _gather_into(out: torch.Tensor, t: torch.Tensor, group) -> None:
+    """all_gather_into_tensor (named all_gather_single from torch 2.13 on)."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, t, group=group)
 
 
 def shard_config(cfg: ModelConfig, tp: TensorParallel | None) -> ModelConfig:
