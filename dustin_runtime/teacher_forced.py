@@ -61,10 +61,10 @@ def teacher_forced_nll(
                           f"window of gamma + 1 = {gamma + 1} tokens after it)")
     if draft is None and any(h is not None and h.name != "full" for h in runs):
         raise DustinError("a verification policy needs the draft")
+    asked, tp = len(sequences), target.tp  # tensor parallel: the draft runs this rank's rows of the batch
+    if tp is not None and asked % tp.world:  # padded with copies of the last sequence, scored and dropped
+        sequences = sequences + [sequences[-1]] * (-asked % tp.world)
     device, B = target.device, len(sequences)
-    tp = target.tp  # tensor parallel: the draft runs this rank's rows of the batch
-    if tp is not None and B % tp.world:
-        raise DustinError(f"{B} teacher-forced sequences do not divide over --tp {tp.world}")
     rows = slice(None) if tp is None else tp.rows(B)
     base = default_backend(device)
     prompts = [s[:context] for s in sequences]
@@ -78,8 +78,10 @@ def teacher_forced_nll(
         prefill(draft, dbase, [p[: shared + 1] for p in prompts[rows]], base, chunk=prefill_chunk)
     results = []
     for h in runs:
-        results.append(_run_one(target, draft, sequences, context, gamma, h or SpecHooks(), _copy(tbase),
-                                None if dbase is None else _copy(dbase), shared, base))
+        res = _run_one(target, draft, sequences, context, gamma, h or SpecHooks(), _copy(tbase),
+                       None if dbase is None else _copy(dbase), shared, base)
+        extra = {k: v[:asked] if isinstance(v, list) and len(v) == B else v for k, v in res.extra.items()}
+        results.append(TeacherForcedResult(res.nll[:asked], res.tokens[:asked], res.windows, extra))
     return results[0] if single else results
 
 

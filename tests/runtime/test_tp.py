@@ -124,3 +124,13 @@ def test_collectives_of_a_step(tp_run, models):
                                      ("all_reduce", B * N, "torch.float32")]
     assert got["verify"] == [("all_reduce", B * (gamma + 1) * d, "torch.float32")] * (1 + 2 * L)
     assert got["accept"] == [("all_gather", 2 * B * (gamma + 1), "torch.float64")]
+
+
+def test_tp_teacher_forced_equals_one_process(tp_run, models):
+    """One window on 2 ranks (padded with a copy): the same NLL and ARR through dustin's sets."""
+    seq = [[(5 * i) % 131 + 1 for i in range(64)]]
+    kw = dict(target=models["llama3"], draft=models["draft"], sequences=seq, context=40, policy="dustin", **DUSTIN)
+    ref = tp_run.one("teacher_forced", **kw)
+    assert ref[2] is not None
+    for nll, tokens, arr in tp_run.case("teacher_forced", 2, **kw):
+        assert tokens == ref[1] and nll == pytest.approx(ref[0], rel=1e-5) and arr == pytest.approx(ref[2], abs=1e-6)

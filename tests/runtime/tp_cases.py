@@ -84,3 +84,19 @@ def collectives(tp, target: str, draft: str, prompts: list[list[int]], policy: s
     eng = Engine(t, d)
     speculative_generate(t, d, prompts, 6, gamma=3, hooks=make_policy(policy, cfg, target=t, draft=d), engine=eng)
     return {k: [(kind, n, str(dt)) for kind, n, dt in v] for k, v in phase_collectives(eng, tp).items()}
+
+
+@torch.inference_mode()
+def teacher_forced(tp, target: str, draft: str, sequences: list[list[int]], context: int, policy: str = "full",
+                   **sparse) -> list:
+    """Teacher-forced NLL per sequence through one policy (and ARR when measured)."""
+    from dustin_runtime.teacher_forced import teacher_forced_nll
+
+    t, _ = load_model(target, tp=tp)
+    d, _ = load_model(draft)
+    cfg = SparseConfig(budget=sparse["budget"], sinks=2, window=4, m=sparse.get("m", 0),
+                       target_heads=_heads(sparse.get("target_heads")),
+                       draft_heads=_heads(sparse.get("draft_heads"))) if policy != "full" else None
+    hooks = make_policy(policy, cfg, target=t, draft=d, measure_arr=policy != "full")
+    res = teacher_forced_nll(t, d, sequences, context, gamma=3, hooks=hooks)
+    return [res.nll, res.tokens, res.extra.get("arr")]
