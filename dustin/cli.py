@@ -121,6 +121,7 @@ def bench_attention(
     variants: bool = typer.Option(False, help="Also time a grid of kernel configurations."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
+    _one_process("bench attention")
     from rich.table import Table
 
     from dustin_eval import bench_attention as ba
@@ -180,6 +181,7 @@ def bench_decode(
 ) -> None:
     """One step of each decoding phase on the GPU (decode, full and dustin verification, draft,
     prefill chunk), next to its byte (or FLOP) floor."""
+    _one_process("bench decode")
     from rich.table import Table
 
     from dustin_eval import bench_decode as bd
@@ -311,6 +313,7 @@ def profile(
         return
     if target is None or draft is None:
         raise DustinError("dustin profile needs --target and --draft (see `dustin profile --help`)")
+    _one_process("profile")
     from dustin_profile.run import ProfileConfig, run_profile
     from dustin_profile.show import render
 
@@ -357,6 +360,14 @@ def profile_show(
         console.print(r)
     if target or draft:
         console.print(f"[green]{path} matches the given model(s)[/]")
+
+
+def _one_process(command: str) -> None:
+    """Refuse a command that runs on one GPU when a launcher started several processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        raise DustinError(f"dustin {command} runs in one process (no --tp); the launcher started {world}: "
+                          "run it without torchrun")
 
 
 def _start_tp(tp: int | None, device: str, select: str = "shared"):

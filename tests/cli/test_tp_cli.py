@@ -87,3 +87,8 @@ def test_per_kv_head_selection_needs_heads_on_every_rank(pair, tp_run):
     """The profile's one target head is on KV head 0 (rank 0): rank 1 would have no signal."""
     args = _decode(pair, "--policy", "dustin", "--profile", pair["profile"], "--tp", "2", "--tp-select", "per-kv-head")
     _one_line_on_rank0(tp_run.cli(2, *args), "rank 1 of 2 holds none of the target retrieval heads")
+
+
+def test_one_process_commands_under_the_launcher(pair, tp_run):
+    _one_line_on_rank0(tp_run.cli(2, "profile", "--target", pair["target"], "--draft", pair["draft"]),
+                       "dustin profile runs in one process")
