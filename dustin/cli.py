@@ -107,7 +107,6 @@ def bench_attention(
     gamma: int = typer.Option(4, help="Draft tokens; M = gamma + 1 verification queries."),
     out_dir: str = typer.Option("results/bench", help="Folder for attention-<shape>-<context>-<batch>-<budget>.json."),
     sdpa: bool = typer.Option(True, help="Also time the PyTorch SDPA backends."),
-    variants: bool = typer.Option(False, help="Also time a grid of kernel configurations."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     from rich.table import Table
@@ -115,7 +114,7 @@ def bench_attention(
     from dustin_eval import bench_attention as ba
 
     configs = [
-        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, variants=variants)
+        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget)
     ]
