@@ -437,8 +437,8 @@ def eval_acceptance(
 
     from dustin_eval import acceptance as acc
     from dustin_eval.plan import plan_sparse, read_profile, run_identity, sparse_configs
-    from dustin_eval.results import provenance
     from dustin_runtime.files import FolderLock
+    from dustin_runtime.provenance import provenance
 
     ints = _ints(budgets, "--budgets")
     chosen = tuple(_policies(policies))

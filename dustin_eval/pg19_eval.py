@@ -17,6 +17,7 @@ from pathlib import Path
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.model import Transformer
+from dustin_runtime.provenance import provenance
 from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.teacher_forced import teacher_forced_nll
 
@@ -27,7 +28,6 @@ from .plan import PolicyRun
 from .results import (
     markdown_table,
     plot_score_vs_budget,
-    provenance,
     write_csv,
     write_markdown,
     write_result_json,

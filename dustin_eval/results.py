@@ -18,7 +18,6 @@ from dustin_runtime.files import atomic_path, atomic_write
 
 # Transitional: passkey_eval, pg19_eval, longbench_runner and dustin/cli.py still import
 # `provenance` from here; it is defined in dustin_runtime.provenance.
-from dustin_runtime.provenance import provenance  # noqa: F401
 
 SCHEMA_VERSION = 1
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -35,6 +34,7 @@ from dustin_profile.tables import write_tables
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
+from dustin_runtime.provenance import git_commit
 
 WORK_VERSION = 2  # 2: ARR over the context (new tokens excluded, rows renormalised)
 REPO = Path(__file__).resolve().parents[1]
@@ -114,19 +114,6 @@ def tool_version() -> str:
 
         return version("dustin")
     except Exception:
-        return "unknown"
-
-
-def git_commit() -> str:
-    """HEAD of the repository (with `-dirty` when the work tree has changes), or 'unknown'."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        if head.returncode:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return head.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
@@ -298,7 +285,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
                 bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
                 rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
                                     quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
-                                    prefill_chunk=cfg.prefill_chunk)
+                                    prefill_chunk=cfg.prefill_chunk, sinks=cfg.sinks, window=cfg.window)
                 rec["window_hash"] = whash
                 with atomic_path(path) as tmp:
                     torch.save(rec, tmp)
