@@ -20,7 +20,7 @@ share of each sequence's tokens, from the start, identical to full verification'
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -145,8 +145,11 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
             for budget in [None] if policy == "full" else cfg.budgets:
                 rec = done.get((context, policy, budget))
                 if rec is None:
-                    hooks = make_policy(policy, None if budget is None else configs[budget], target=target.model,
-                                        draft=draft.model, measure_arr=cfg.measure_arr, paired=cfg.paired)
+                    scfg = None if budget is None else configs[budget]
+                    if policy == "quest" and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
+                        scfg = replace(scfg, draft_kv="full")
+                    hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
+                                        measure_arr=cfg.measure_arr, paired=cfg.paired)
                     res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
                                                gamma=cfg.gamma, hooks=hooks, prefilled=shared)
                     s = res.stats

@@ -64,6 +64,7 @@ class ProfileConfig:
     m_points: int = 9
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
+    draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
     text_field: str = "text"
     device: str = "auto"
     dtype: str = "auto"
@@ -153,6 +154,8 @@ def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: to
         "gamma": cfg.gamma,
         "quest_budgets": list(cfg.all_budgets),
         "verify_tokens": cfg.verify_tokens,
+        "quest_sets": [cfg.sinks, cfg.window],
+        "draft_kv": cfg.draft_kv if cfg.draft_kv == "full" else [cfg.draft_kv, cfg.budget, cfg.sinks, cfg.window],
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
         "prefill_chunk": cfg.prefill_chunk,
@@ -285,7 +288,9 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
                 bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
                 rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
                                     quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
-                                    prefill_chunk=cfg.prefill_chunk, sinks=cfg.sinks, window=cfg.window)
+                                    prefill_chunk=cfg.prefill_chunk, sinks=cfg.sinks, window=cfg.window,
+                                    draft_set=(cfg.budget, cfg.sinks, cfg.window) if cfg.draft_kv == "verify-set"
+                                    else None)
                 rec["window_hash"] = whash
                 with atomic_path(path) as tmp:
                     torch.save(rec, tmp)
@@ -365,6 +370,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         calibration=calib,
         online_cost=online_cost(tgt.model.cfg, drf.model.cfg, len(res.draft_heads), len(res.target_heads), cfg.context),
         aggregation="sum",
+        draft_kv=cfg.draft_kv,
         tables=tables,
     )
     from dustin_profile.plots import write_plots
