@@ -15,7 +15,7 @@ from typing import get_args, get_origin, get_type_hints
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import SparseConfig, scale_m
+from dustin_runtime.sparse import DRAFT_KV, SparseConfig, scale_m
 
 SCHEMA_VERSION = 1
 
@@ -64,6 +64,7 @@ class Profile:
     calibration: dict  # description, files, windows, context, seed, sha256
     online_cost: dict  # key bytes read per step by the estimator, as a share of the full cache
     aggregation: str = "sum"  # over heads and queries: "sum" | "max"
+    draft_kv: str = "full"  # what the draft attended while drafting: "full" | "verify-set" (sparse drafting)
     tables: dict[str, str] = field(default_factory=dict)  # name -> file beside the JSON
     schema_version: int = SCHEMA_VERSION
 
@@ -74,11 +75,11 @@ class Profile:
         return bool(self.draft_heads or self.target_heads)
 
     def to_sparse_config(self, budget: int | None = None, sinks: int | None = None, window: int | None = None,
-                         source: str = "") -> SparseConfig:
+                         source: str = "", draft_kv: str | None = None) -> SparseConfig:
         """The runtime's `SparseConfig` at `budget` (default the profile's): the profile's heads and
-        aggregation, its sinks/window unless overridden, and m = the calibrated m at that budget,
-        else the profile's m scaled by the runtime's one rule (`sparse.scale_m`), clipped to the
-        free rows."""
+        aggregation, its sinks/window and draft KV mode unless overridden, and m = the calibrated m
+        at that budget, else the profile's m scaled by the runtime's one rule (`sparse.scale_m`),
+        clipped to the free rows."""
         budget = self.budget if budget is None else budget
         sinks = self.sinks if sinks is None else sinks
         window = self.window if window is None else window
@@ -92,7 +93,7 @@ class Profile:
 
         return SparseConfig(budget=budget, sinks=sinks, window=window, m=max(0, min(free, m)),
                             draft_heads=heads(self.draft_heads), target_heads=heads(self.target_heads),
-                            aggregation=self.aggregation, source=source)
+                            aggregation=self.aggregation, draft_kv=draft_kv or self.draft_kv, source=source)
 
     def content_hash(self) -> str:
         """sha256 of what Algorithm 1 found and on which data: the JSON without its creation time,
@@ -201,6 +202,8 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
         raise DustinError(f"{source}: m_by_budget[{bad[0]}] is outside [0, budget - sinks - window]")
     if prof.aggregation not in ("sum", "max"):
         raise DustinError(f"{source}: aggregation must be 'sum' or 'max', got {prof.aggregation!r}")
+    if prof.draft_kv not in DRAFT_KV:
+        raise DustinError(f"{source}: draft_kv must be one of {', '.join(DRAFT_KV)}, got {prof.draft_kv!r}")
     for who, info in (("draft", prof.draft), ("target", prof.target)):
         if min(info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) < 1 \
                 or info.num_heads % info.num_kv_heads:

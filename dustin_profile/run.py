@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -35,6 +34,7 @@ from dustin_profile.tables import write_tables
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
+from dustin_runtime.provenance import git_commit
 
 WORK_VERSION = 2  # 2: ARR over the context (new tokens excluded, rows renormalised)
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +64,7 @@ class ProfileConfig:
     m_points: int = 9
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
+    draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
     text_field: str = "text"
     device: str = "auto"
     dtype: str = "auto"
@@ -117,19 +118,6 @@ def tool_version() -> str:
         return "unknown"
 
 
-def git_commit() -> str:
-    """HEAD of the repository (with `-dirty` when the work tree has changes), or 'unknown'."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        if head.returncode:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return head.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: int, context: int,
                 dtype_bytes: int = 2) -> dict:
     """Key bytes the estimator reads per step (chosen draft heads over the draft cache, chosen
@@ -166,6 +154,8 @@ def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: to
         "gamma": cfg.gamma,
         "quest_budgets": list(cfg.all_budgets),
         "verify_tokens": cfg.verify_tokens,
+        "quest_sets": [cfg.sinks, cfg.window],
+        "draft_kv": cfg.draft_kv if cfg.draft_kv == "full" else [cfg.draft_kv, cfg.budget, cfg.sinks, cfg.window],
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
         "prefill_chunk": cfg.prefill_chunk,
@@ -298,7 +288,9 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
                 bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
                 rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
                                     quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
-                                    prefill_chunk=cfg.prefill_chunk)
+                                    prefill_chunk=cfg.prefill_chunk, sinks=cfg.sinks, window=cfg.window,
+                                    draft_set=(cfg.budget, cfg.sinks, cfg.window) if cfg.draft_kv == "verify-set"
+                                    else None)
                 rec["window_hash"] = whash
                 with atomic_path(path) as tmp:
                     torch.save(rec, tmp)
@@ -378,6 +370,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         calibration=calib,
         online_cost=online_cost(tgt.model.cfg, drf.model.cfg, len(res.draft_heads), len(res.target_heads), cfg.context),
         aggregation="sum",
+        draft_kv=cfg.draft_kv,
         tables=tables,
     )
     from dustin_profile.plots import write_plots

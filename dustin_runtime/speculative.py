@@ -240,9 +240,9 @@ class _SpecLoop:
         self.drows = None if self.tp is None else self.tp.rows(B)  # the draft's rows (None: all)
         self.rows = self.drows or slice(None)
         self.eos = None if self.shard is None else self.shard.columns(sorted(set(eos_ids))).to(device)
+        hooks.setup(tcache, dcache, gamma)  # first: the backends a policy wraps depend on its setup
         base = default_backend(device)
         self.t_backend, self.d_backend = hooks.target_backend(base), hooks.draft_backend(base)
-        hooks.setup(tcache, dcache, gamma)
         self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new)
         self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
         self.replay = torch.zeros(tcache.max_len + 1, B, dtype=torch.long, device=device) if replayed else None
