@@ -42,7 +42,7 @@ DUSTIN = dict(budget=24, m=6, target_heads=[[0, 0, [0]], [1, 1, [2, 3]], [1, 2, 
 
 
 @pytest.mark.parametrize("policy,world", [("full", 2), ("dustin", 2), ("dustin", 4), ("streamingllm", 2),
-                                          ("quest", 4), ("dustin-vs", 2)])
+                                          ("quest", 4), ("dustin-vs", 2), ("oracle", 2)])
 def test_tp_greedy_speculative_equals_one_process(tp_run, models, policy, world):
     """Same tokens, accepted counts and (dustin) the same shared [B, S] sets on every rank as one
     process, and ARR averaged over ranks equal to one process's; -vs: drafting over the set."""
