@@ -259,7 +259,9 @@ def bench_e2e(
                            draft_srh=draft_srh, m=m, alphas=al, tp=1 if group is None else group.world)
         res = be.run_e2e(cfg, command, tp=group, on_record=lambda r: console.print(
             f"{r['policy']:>12}: {r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.0f} tok/s "
-            f"(graph phases {r['graph_phase_sum_ms']:.2f} ms)", highlight=False))
+            f"(graph phases {r['graph_phase_sum_ms']:.2f} ms"
+            + (f", collectives {r['tp']['collective_ms_per_step']:.2f} ms" if r.get("tp") else "") + ")",
+            highlight=False))
         path = be.write_result(res, out_dir)
         t = Table(title=f"{res['models']['target']} + {res['models']['draft']}, batch {b}, context {c}, "
                         f"gamma {gamma}, S {budget}, acceptance {acceptance} ({res['environment']['gpu']})")
@@ -779,7 +781,8 @@ def _fail(message: str, code: int) -> None:
     with `code`."""
     line = " ".join(message.split())
     err_console.print(Text.assemble(("error: ", "bold red"), line), highlight=False, soft_wrap=True)
-    _leave()
+    if code != 130:  # errors are agreed across ranks (none is inside a collective); an interrupt may be
+        _leave()
     sys.exit(code)
 
 
