@@ -47,6 +47,16 @@ repro-acceptance: .stamp-install
 		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
 		--gamma 4 --budgets 128,256,512,1024 --threads 1 --name smollm2-draft
 
+# Verification sets across tensor-parallel ranks: shared vs per KV head, 3 CPU ranks (gloo), and one process
+TP_SELECTION = --target smollm2 --draft models/smollm2-draft --profile profiles/smollm2-draft.json --contexts 4096 \
+	--windows 3 --max-new-tokens 32 --budgets 256,512 --policies dustin --no-paired --out-dir results/tp-selection
+.PHONY: repro-tp-selection
+repro-tp-selection: .stamp-install
+	for sel in shared per-kv-head; do OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc-per-node 3 \
+		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --tp-select $$sel --name smollm2-tp3-$$sel --restart \
+		|| exit 1; done
+	$(PY) -m dustin.cli eval acceptance $(TP_SELECTION) --threads 1 --name smollm2-1proc --restart
+
 # SmolLM2 draft: tokenise the Gutenberg train split on CPU, distil the draft from the
 # SmolLM2-135M GGUF on a local CUDA GPU (hyper-parameters as used for models/smollm2-draft),
 # then export the folder and results/draft. TRAIN_S is the wall-clock optimisation budget.
