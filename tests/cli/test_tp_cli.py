@@ -92,3 +92,19 @@ def test_per_kv_head_selection_needs_heads_on_every_rank(pair, tp_run):
 def test_one_process_commands_under_the_launcher(pair, tp_run):
     _one_line_on_rank0(tp_run.cli(2, "profile", "--target", pair["target"], "--draft", pair["draft"]),
                        "dustin profile runs in one process")
+
+
+def test_eval_under_the_launcher_writes_once_and_resumes(pair, tp_run, gutenberg_eval_dir, tmp_path):
+    """Rank 0 writes the records (one line per run, not one per rank); a second run resumes them on
+    every rank alike; a changed setting is refused on rank 0 with one line."""
+    out = tmp_path / "acc"
+    args = ["eval", "acceptance", "--target", pair["target"], "--draft", pair["draft"], "--contexts", "96",
+            "--windows", "2", "--max-new-tokens", "4", "--budgets", "32", "--window", "8", "--policies", "streamingllm", "--no-arr",
+            "--no-paired", "--books-dir", gutenberg_eval_dir, "--out-dir", out, "--name", "tp", "--tp", "2"]
+    for _ in range(2):
+        ranks = tp_run.cli(2, *args)
+        assert [rc for rc, _, _ in ranks] == [0, 0], ranks[0][2] + ranks[1][2]
+        assert len((out / "tp.runs.jsonl").read_text().splitlines()) == 2  # full, streamingllm
+    assert sorted(p.name for p in out.iterdir()) == [".dustin.lock", "tp.json", "tp.key.json", "tp.md", "tp.runs.jsonl"]
+    args[args.index("--max-new-tokens") + 1] = "5"
+    _one_line_on_rank0(tp_run.cli(2, *args), "other settings")
