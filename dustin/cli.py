@@ -379,6 +379,8 @@ def _start_tp(tp: int | None, device: str, select: str = "shared"):
     from dustin_runtime import tp as tensor_parallel
     from dustin_runtime.files import share_outputs
 
+    if select not in tensor_parallel.SELECTIONS:
+        raise DustinError(f"--tp-select {select!r}: choose one of {', '.join(tensor_parallel.SELECTIONS)}")
     group = tensor_parallel.start(tp, device, select)
     if group is not None:
         share_outputs(group.rank, group.agree)

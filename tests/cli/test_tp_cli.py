@@ -81,6 +81,7 @@ def test_a_ranks_shard_missing(pair, tp_run):
 
 def test_tp_without_the_launcher(pair, cli, assert_one_line_error):
     assert_one_line_error(cli(*_decode(pair), "--tp", "2"), "torchrun --nproc-per-node 2", code=2)
+    assert_one_line_error(cli(*_decode(pair), "--tp-select", "per-head"), "--tp-select 'per-head'", code=2)
 
 
 def test_per_kv_head_selection_needs_heads_on_every_rank(pair, tp_run):
