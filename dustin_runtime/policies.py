@@ -98,11 +98,15 @@ class _DraftBackend(AttentionBackend):
 
     def __init__(self, policy: SparsePolicy, default: AttentionBackend):
         self.policy, self.default = policy, default
+        self.slot = -1
+        policy.drafting = self
 
     def begin(self, ctx):
         self.default.begin(ctx)
-        if ctx.phase == "draft" and self.policy.draft_set is not None:
-            self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths)
+        if ctx.phase == "draft":
+            self.slot += 1  # the forward's index in this step's drafting (`SparsePolicy.before_draft` resets it)
+            if self.policy.draft_set is not None:
+                self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths)
 
     def attend(self, layer, q, cache, ctx):
         p = self.policy
@@ -112,7 +116,7 @@ class _DraftBackend(AttentionBackend):
             out = self.default.attend(layer, q, cache, ctx)
         look = getattr(p, "lookahead", None)
         if ctx.phase == "draft" and look is not None and layer in look.layers:
-            look.stash(layer, q, ctx.positions[:, 0] - p.tcache.lengths)
+            look.stash(layer, q, self.slot)
         return out
 
     def end(self, ctx):
@@ -167,6 +171,7 @@ class SparsePolicy(SpecHooks):
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.draft_set: DraftSet | None = None
+        self.drafting: _DraftBackend | None = None  # the draft backend, once built
         if cfg.draft_kv == "verify-set" and not self.shared_set:
             raise DustinError(f"policy {self.name} chooses a set per layer and KV head: the draft cannot draft "
                               f"over it (use --draft-kv full)")
@@ -212,6 +217,10 @@ class SparsePolicy(SpecHooks):
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.draft_set is not None else default
+
+    def before_draft(self) -> None:
+        if self.drafting is not None:
+            self.drafting.slot = -1
 
     def after_prefill(self) -> None:
         if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals
