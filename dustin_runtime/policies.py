@@ -105,11 +105,15 @@ class _DraftBackend(AttentionBackend):
 
     def __init__(self, policy: SparsePolicy, default: AttentionBackend):
         self.policy, self.default = policy, default
+        self.slot = -1
+        policy.drafting = self
 
     def begin(self, ctx):
         self.default.begin(ctx)
-        if ctx.phase == "draft" and self.policy.draft_set is not None:
-            self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths[self.policy.rows])
+        if ctx.phase == "draft":
+            self.slot += 1  # the forward's index in this step's drafting (`SparsePolicy.before_draft` resets it)
+            if self.policy.draft_set is not None:
+                self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths[self.policy.rows])
 
     def attend(self, layer, q, cache, ctx):
         p = self.policy
@@ -119,7 +123,7 @@ class _DraftBackend(AttentionBackend):
             out = self.default.attend(layer, q, cache, ctx)
         look = getattr(p, "lookahead", None)
         if ctx.phase == "draft" and look is not None and layer in look.layers:
-            look.stash(layer, q, ctx.positions[:, 0] - p.tcache.lengths[p.rows])
+            look.stash(layer, q, self.slot)
         return out
 
     def end(self, ctx):
@@ -174,6 +178,7 @@ class SparsePolicy(SpecHooks):
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.draft_set: DraftSet | None = None
+        self.drafting: _DraftBackend | None = None  # the draft backend, once built
         self.tp = target.tp
         self.per_rank = self.tp is not None and self.tp.selection == "per-kv-head"
         if cfg.draft_kv == "verify-set" and (not self.shared_set or self.per_rank):
@@ -222,6 +227,10 @@ class SparsePolicy(SpecHooks):
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.draft_set is not None else default
+
+    def before_draft(self) -> None:
+        if self.drafting is not None:
+            self.drafting.slot = -1
 
     def after_prefill(self) -> None:
         if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals
