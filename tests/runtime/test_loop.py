@@ -133,9 +133,11 @@ def test_sparse_drafting_with_a_set_covering_the_context_equals_full_drafting(pa
     assert sparse.stats.extra["draft_kv"] == "verify-set"
 
 
-def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkeypatch):
+@pytest.mark.parametrize("policy", ["dustin", "streamingllm"])
+def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkeypatch, policy):
     """At every draft forward the draft's rows are: the latest verification set (chosen at L0), the
-    rows committed since ([L0, L)) and this step's drafts before the forward's own ([L, start))."""
+    rows committed since ([L0, L)) and this step's drafts before the forward's own ([L, start)).
+    Also for a policy without draft signals (its draft backend is chosen before the buffers exist)."""
     from dustin_runtime import policies
 
     target, draft = pair
@@ -147,7 +149,7 @@ def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkey
         seen.append((self.idx.clone(), self.set_lens.clone(), start.clone(), lens.clone()))
 
     monkeypatch.setattr(policies.DraftSet, "drafted", record)
-    hooks = sparse_draft(pair, 8)
+    hooks = sparse_draft(pair, 8, policy)
     out = speculative_generate(target, draft, PROMPTS, 14, gamma=3, hooks=hooks)
     assert len(seen) == 4 * out.stats.steps  # gamma + 1 forwards per step
     checked = 0
