@@ -277,8 +277,15 @@ def profile(
     sinks: int = typer.Option(4, min=0, max=MAX_TOKENS, help="Attention-sink tokens always in the set."),
     window: int = typer.Option(64, min=0, max=MAX_TOKENS, help="Recent tokens always in the set."),
     budgets: str = typer.Option("128,256,512,1024", help="Budgets of the ARR-vs-budget table and m_by_budget."),
-    max_heads: int = typer.Option(8, min=1, max=MAX_COUNT, help="Head limit of the greedy search (draft + target KV heads)."),
-    epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round is below this."),
+    max_heads: int = typer.Option(8, min=1, max=MAX_COUNT, help="Head limit of the greedy search (draft + target KV "
+                                                                "heads), per layer group."),
+    max_groups: int = typer.Option(1, min=1, max=MAX_COUNT, help="Layer groups of the target, each with its own "
+                                                                 "heads, m and set (1: one set for every layer); "
+                                                                 "fewer when one more gains less than --epsilon."),
+    heldout_windows: int = typer.Option(0, min=0, max=MAX_COUNT, help="More windows recorded to score the profile "
+                                                                      "on (never searched on), with dynamic vs fixed m."),
+    epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
+                                             "is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
     seed: Seed = 0,
     verify_tokens: str = typer.Option("draft", help="Verification tokens: 'draft' (its greedy drafts) or 'text'."),
@@ -307,12 +314,13 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, retrieval_weight=retrieval_weight,
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
+                        max_groups=max_groups, heldout=heldout_windows,
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):
         console.print(r)
     console.print(f"wrote {res.path} ({res.recorded} windows recorded, "
-                  f"{cfg.windows + cfg.retrieval - res.recorded} resumed) in {res.seconds['total']:.1f} s")
+                  f"{cfg.windows + cfg.heldout + cfg.retrieval - res.recorded} resumed) in {res.seconds['total']:.1f} s")
     if not res.profile.has_heads:
         console.print(f"[yellow]no retrieval head raised ARR by --epsilon {epsilon:g}: this profile cannot drive "
                       "--policy dustin (a smaller --epsilon or more --windows may find some)[/]")
