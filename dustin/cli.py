@@ -57,6 +57,9 @@ Sinks = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS,
 Window = Annotated[int | None, typer.Option(min=0, max=MAX_TOKENS,
                                             help="Recent window always verified (default: the profile's, else 64).")]
 AllHeads = Annotated[bool, typer.Option("--all-heads", help="dustin without a profile: every KV head scores.")]
+DraftKV = Annotated[str | None, typer.Option("--draft-kv", help="What the draft attends while drafting: full (its "
+                                             "whole cache) or verify-set (the latest verification set, the rows "
+                                             "since and its drafts). Default: the profile's, else full.")]
 MeasureArr = Annotated[bool, typer.Option("--measure-arr/--no-arr", help="Also record ARR (the share of the true "
                                           "verification attention the set keeps; one more pass per step).")]
 Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
@@ -107,7 +110,6 @@ def bench_attention(
     gamma: int = typer.Option(4, help="Draft tokens; M = gamma + 1 verification queries."),
     out_dir: str = typer.Option("results/bench", help="Folder for attention-<shape>-<context>-<batch>-<budget>.json."),
     sdpa: bool = typer.Option(True, help="Also time the PyTorch SDPA backends."),
-    variants: bool = typer.Option(False, help="Also time a grid of kernel configurations."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     from rich.table import Table
@@ -115,7 +117,7 @@ def bench_attention(
     from dustin_eval import bench_attention as ba
 
     configs = [
-        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, variants=variants)
+        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget)
     ]
@@ -387,6 +389,7 @@ def decode(
     sinks: Sinks = None,
     window: Window = None,
     all_heads: AllHeads = False,
+    draft_kv: DraftKV = None,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
@@ -399,7 +402,7 @@ def decode(
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     prompts = pipeline.read_prompts(prompt, prompt_file, batch_file, max_new_tokens)
-    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads)
+    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv)
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
     tgt, drf = _load_pair(target, draft, dtype, device)
@@ -422,6 +425,7 @@ def eval_acceptance(
     draft: Draft = "models/smollm2-draft",
     profile: ProfileFile = None,
     all_heads: AllHeads = False,
+    draft_kv: DraftKV = None,
     contexts: Contexts = "4096,8192",
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
     max_new_tokens: NewTokens = 64,
@@ -446,8 +450,8 @@ def eval_acceptance(
 
     from dustin_eval import acceptance as acc
     from dustin_eval.plan import plan_sparse, read_profile, run_identity, sparse_configs
-    from dustin_eval.results import provenance
     from dustin_runtime.files import FolderLock
+    from dustin_runtime.provenance import provenance
 
     ints = _ints(budgets, "--budgets")
     chosen = tuple(_policies(policies))
@@ -458,7 +462,8 @@ def eval_acceptance(
         paired=paired,
     )
     loaded = read_profile(profile) if profile is not None else None
-    plans = {b: plan_sparse("dustin" if "dustin" in chosen else "streamingllm", loaded, b, sinks, window, all_heads)
+    plans = {b: plan_sparse("dustin" if "dustin" in chosen else "streamingllm", loaded, b, sinks, window, all_heads,
+                            draft_kv)
              for b in ints}
     if threads is not None:
         torch.set_num_threads(threads)
@@ -519,11 +524,11 @@ def _print_decode(out) -> None:
     console.print(t)
 
 
-def _plan(policy: str, budget: str, profile, sinks, window, all_heads):
+def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None):
     """Every policy run, checked before any model loads."""
     from dustin_eval.plan import plan_runs
 
-    return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads)
+    return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads, draft_kv)
 
 
 def _bind(plans, tgt, drf, measure_arr: bool):
@@ -552,6 +557,7 @@ def eval_pg19(
     sinks: Sinks = None,
     window: Window = None,
     all_heads: AllHeads = False,
+    draft_kv: DraftKV = None,
     measure_arr: MeasureArr = True,
     seed: Seed = 0,
     dtype: Dtype = "auto",
@@ -567,7 +573,7 @@ def eval_pg19(
     from dustin_eval.pg19_eval import run_pg19
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv)
     books = data or gutenberg_split("eval")
     book_paths(books)  # refuses a folder without books before the models load
     with FolderLock(out_dir):
@@ -598,6 +604,7 @@ def eval_passkey(
     sinks: Sinks = None,
     window: Window = None,
     all_heads: AllHeads = False,
+    draft_kv: DraftKV = None,
     filler: Path | None = typer.Option(None, help="Folder of .txt books for the filler (default: gutenberg eval)."),
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -611,7 +618,7 @@ def eval_passkey(
     from dustin_eval.passkey_eval import run_passkey
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv)
     ctx = _ints(contexts, "--contexts")
     try:
         dps = [float(d) for d in depths.split(",") if d.strip()]
@@ -654,6 +661,7 @@ def eval_longbench(
     sinks: Sinks = None,
     window: Window = None,
     all_heads: AllHeads = False,
+    draft_kv: DraftKV = None,
     dtype: Dtype = "auto",
     device: Device = "auto",
     out_dir: OutDir = Path("results/longbench"),
@@ -668,7 +676,7 @@ def eval_longbench(
     from dustin_runtime.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv)
     present = available_datasets(data)  # refuses a source that is neither a folder nor a dataset id
     if datasets:
         names = _names(datasets)

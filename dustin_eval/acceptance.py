@@ -20,7 +20,7 @@ share of each sequence's tokens, from the start, identical to full verification'
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -145,8 +145,11 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
             for budget in [None] if policy == "full" else cfg.budgets:
                 rec = done.get((context, policy, budget))
                 if rec is None:
-                    hooks = make_policy(policy, None if budget is None else configs[budget], target=target.model,
-                                        draft=draft.model, measure_arr=cfg.measure_arr, paired=cfg.paired)
+                    scfg = None if budget is None else configs[budget]
+                    if policy == "quest" and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
+                        scfg = replace(scfg, draft_kv="full")
+                    hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
+                                        measure_arr=cfg.measure_arr, paired=cfg.paired)
                     res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
                                                gamma=cfg.gamma, hooks=hooks, prefilled=shared)
                     s = res.stats
@@ -155,6 +158,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                         "prompt_tokens": n, "sequences": len(prompts), "books": [w.book for w in windows],
                         "steps": s.steps, "new_tokens": sum(s.new_tokens), "accepted": s.mean_accepted,
                         "tau": s.mean_accepted + 1, "tau_per_sequence": [a + 1 for a in s.accepted_per_sequence()],
+                        **_per_sequence(s.accepted),
                         "arr": s.extra.get("arr"), "arr_per_sequence": s.extra.get("arr_per_sequence"),
                         "full_tau": s.extra.get("full_tau"), "paired_retention": s.extra.get("paired_retention"),
                         "agree": s.extra.get("agree"),
@@ -169,16 +173,50 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
         full = next(f for f in records if f["context"] == r["context"] and f["policy"] == "full")
         r["retention"] = r["tau"] / full["tau"]
         r["prefix"] = _prefix_share(r["tokens"], full["tokens"])
+        r.update(intervals(r, full))
     return records
 
 
-COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "retention", "paired_retention", "agree", "arr",
-           "prefix", "full_tau", "steps")
+def _per_sequence(accepted: list[list[int]]) -> dict:
+    """Tokens emitted (accepted + 1) and steps of each sequence, from the per-step accepted counts."""
+    cols = list(zip(*accepted, strict=True)) if accepted else []
+    return {"tokens_per_sequence": [sum(a + 1 for a in c if a >= 0) for c in cols],
+            "steps_per_sequence": [sum(a >= 0 for a in c) for c in cols]}
+
+
+def intervals(r: dict, full: dict) -> dict:
+    """95% bootstrap intervals over the windows (sequences) of a run's retention vs full, paired
+    retention and ARR (`dustin_eval.intervals`; empty for records made before they were kept)."""
+    from dustin_eval.intervals import bootstrap, ratio_of_sums
+
+    out = {}
+    if r.get("tokens_per_sequence") and full.get("tokens_per_sequence"):
+        _, lo, hi = bootstrap(lambda t, s, tf, sf: (t.sum() / s.sum()) / (tf.sum() / sf.sum()),
+                              r["tokens_per_sequence"], r["steps_per_sequence"], full["tokens_per_sequence"],
+                              full["steps_per_sequence"])
+        out["retention_ci"] = [lo, hi]
+    extra = r.get("extra") or {}
+    if extra.get("paired_policy_per_sequence"):
+        _, lo, hi = bootstrap(ratio_of_sums, extra["paired_policy_per_sequence"], extra["paired_full_per_sequence"])
+        out["paired_retention_ci"] = [lo, hi]
+    if extra.get("arr_steps_per_sequence"):
+        _, lo, hi = bootstrap(lambda a, n: (a * n).sum() / n.sum(), extra["arr_per_sequence"],
+                              extra["arr_steps_per_sequence"])
+        out["arr_ci"] = [lo, hi]
+    return out
+
+
+COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "retention", "retention_ci", "paired_retention",
+           "paired_retention_ci", "agree", "arr", "arr_ci", "prefix", "full_tau", "steps")
 
 
 def table_rows(records: Sequence[dict]) -> list[dict]:
     """The table's rows (no token lists)."""
     return [{c: ("full cache" if c == "budget" and r[c] is None else r.get(c)) for c in COLUMNS} for r in records]
+
+
+def _ci(ci, fmt: str) -> str:
+    return "" if not ci else f" [{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
 
 
 def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, prov: dict,
@@ -196,10 +234,13 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
         if not sub:
             continue
         head = f"context {context} ({sub[0]['prompt_tokens']} prompt tokens, {cfg.windows} windows)"
-        for title, fmt in (("tau (retention vs full)", lambda r: f"{r['tau']:.2f} ({r['retention']:.0%})"),
-                           ("paired retention (agree)", lambda r: None if r["paired_retention"] is None
-                            else f"{r['paired_retention']:.1%} ({r['agree']:.0%})"),
-                           ("ARR", lambda r: None if r["arr"] is None else f"{r['arr']:.3f}")):
+        for title, fmt in (("tau (retention vs full [95% interval])",
+                            lambda r: f"{r['tau']:.2f} ({r['retention']:.1%}{_ci(r.get('retention_ci'), '.1%')})"),
+                           ("paired retention [95% interval] (agree)", lambda r: None if r["paired_retention"] is None
+                            else f"{r['paired_retention']:.1%}{_ci(r.get('paired_retention_ci'), '.1%')} "
+                                 f"({r['agree']:.0%})"),
+                           ("ARR [95% interval]", lambda r: None if r["arr"] is None
+                            else f"{r['arr']:.3f}{_ci(r.get('arr_ci'), '.3f')}")):
             grid = []
             for policy in dict.fromkeys(r["policy"] for r in sub):
                 row = {"policy": policy}
@@ -214,8 +255,9 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
             "follows its own greedy trajectory); retention = tau / tau(full). Paired retention = on the "
             "policy's own steps, its tokens per step / those full verification gives on the same context and "
             "drafts (a side full pass); agree = share of steps where both accept the same count. "
-            "ARR = mean share of the true verification attention on the set + new tokens. prefix = mean share "
-            "of each sequence's tokens identical to full verification's, from the start.")
+            "ARR = mean share of each verification query's true attention on the context that the set keeps "
+            "(new tokens left out). prefix = mean share of each sequence's tokens identical to full "
+            "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences).")
     m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",
                        [(None, note + "\n")] + tables, prov)
     return j, m

@@ -20,13 +20,14 @@ from typing import Any
 
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, atomic_write, check_resume_key, read_json
+from dustin_runtime.provenance import provenance
 
 from .generator import Generator, result_text
 from .jsonl import append_jsonl, read_jsonl, repair_jsonl
 from .longbench_config import DATASETS, max_new_tokens
 from .longbench_data import build_prompt, load_dataset, stop_ids
 from .longbench_metrics import dataset_score, score_sample
-from .results import markdown_table, provenance, write_csv, write_markdown, write_result_json
+from .results import markdown_table, write_csv, write_markdown, write_result_json
 
 
 @dataclass(frozen=True)

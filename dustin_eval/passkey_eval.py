@@ -12,13 +12,14 @@ from pathlib import Path
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, atomic_path, check_resume_key
 from dustin_runtime.model import Transformer
+from dustin_runtime.provenance import provenance
 from dustin_runtime.speculative import SpecHooks
 
 from .generator import result_text
 from .jsonl import append_jsonl, repair_jsonl
 from .passkey import passkey_accuracy, passkey_grid, plot_passkey_heatmap, score_passkey
 from .plan import PolicyRun
-from .results import markdown_table, provenance, write_csv, write_markdown, write_result_json
+from .results import markdown_table, write_csv, write_markdown, write_result_json
 from .runtime_generator import RuntimeGenerator
 
 

@@ -17,17 +17,18 @@ from pathlib import Path
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.model import Transformer
+from dustin_runtime.provenance import provenance
 from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.teacher_forced import teacher_forced_nll
 
 from .corpus import book_paths
+from .intervals import bootstrap, mean, ppl_ratio
 from .jsonl import append_jsonl, repair_jsonl
 from .pg19 import iter_windows
 from .plan import PolicyRun
 from .results import (
     markdown_table,
     plot_score_vs_budget,
-    provenance,
     write_csv,
     write_markdown,
     write_result_json,
@@ -99,7 +100,8 @@ def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamm
 
 
 def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: int, models: dict) -> list[dict]:
-    """Per policy and budget: perplexity over all scored tokens, and its ratio to full's."""
+    """Per policy and budget: perplexity over all scored tokens, its ratio to full's on the same
+    windows and ARR, with 95% bootstrap intervals over the windows (`dustin_eval.intervals`)."""
     recs = repair_jsonl(path)
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
@@ -113,14 +115,15 @@ def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: 
                "tokens": sum(r["tokens"] for r in rs), "ppl": round(ppl, 4)}
         if common and full_books:
             full = {(r["book"], r["window"]): r for r in groups[("full", None)]}
-            ppl_c = math.exp(sum(r["nll"] for r in common) / sum(r["tokens"] for r in common))
-            ppl_f = math.exp(sum(full[(r["book"], r["window"])]["nll"] for r in common)
-                             / sum(full[(r["book"], r["window"])]["tokens"] for r in common))
-            row["ppl_full"] = round(ppl_f, 4)
-            row["ppl_ratio"] = round(ppl_c / ppl_f, 5)
+            ref = [full[(r["book"], r["window"])] for r in common]
+            row["ppl_full"] = round(math.exp(sum(f["nll"] for f in ref) / sum(f["tokens"] for f in ref)), 4)
+            ratio, lo, hi = bootstrap(ppl_ratio, [r["nll"] for r in common], [r["tokens"] for r in common],
+                                      [f["nll"] for f in ref], [f["tokens"] for f in ref])
+            row["ppl_ratio"], row["ppl_ratio_lo"], row["ppl_ratio_hi"] = round(ratio, 5), round(lo, 5), round(hi, 5)
         arr = [r["arr"] for r in rs if "arr" in r]
         if arr:
-            row["arr"] = round(sum(arr) / len(arr), 4)
+            value, lo, hi = bootstrap(mean, arr)
+            row["arr"], row["arr_lo"], row["arr_hi"] = round(value, 4), round(lo, 4), round(hi, 4)
         rows.append(row)
     prov = provenance(models=models, shapes={"context": context, "eval_tokens": eval_tokens, "gamma": gamma})
     write_result_json(out_dir / f"pg19-{context}.json", rows, prov)
@@ -129,6 +132,8 @@ def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: 
                    f"PG-19-style perplexity: context {context}, {eval_tokens} scored tokens per window, gamma {gamma}",
                    [(None, markdown_table(rows))], prov)
     if any(r["budget"] is not None for r in rows):
-        plot_score_vs_budget(rows, out_dir / f"pg19-{context}.png", value="ppl",
-                             title=f"perplexity vs budget, context {context}", ylabel="perplexity")
+        plot_score_vs_budget(rows, out_dir / f"pg19-{context}.png", value="ppl_ratio",
+                             title=f"perplexity / full attention's vs budget, context {context} (95% intervals "
+                                   f"over {max(r['windows'] for r in rows)} windows)",
+                             ylabel="perplexity ratio to full attention")
     return rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dustin_profile.artifact import Profile, check_models, config_hash, load_profile, model_info
@@ -14,6 +14,7 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.sparse import (
     DEFAULT_SINKS,
     DEFAULT_WINDOW,
+    DRAFT_KV,
     HEAD_POLICIES,
     POLICIES,
     SparseConfig,
@@ -62,22 +63,25 @@ class SparsePlan:
     window: int
     profile: LoadedProfile | None = None
     all_heads: bool = False
+    draft_kv: str | None = None  # None: the profile's (else "full")
 
     def config(self, target, draft, infos=None) -> SparseConfig | None:
         """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
         against them (`infos`: their `ModelInfo`s when already computed)."""
         if self.policy == "full":
             return None
+        kv = "full" if self.policy == "quest" else self.draft_kv  # Quest's sets are per KV head: no draft set
         if self.profile is not None:
             p = self.profile
             infos = infos or (model_identity(target, info=True), model_identity(draft, info=True))
             check_models(p.profile, *infos, p.path)
-            cfg = p.profile.to_sparse_config(self.budget, self.sinks, self.window, source=p.path)
+            cfg = p.profile.to_sparse_config(self.budget, self.sinks, self.window, source=p.path,
+                                             draft_kv=kv or ("full" if self.policy == "quest" else None))
         elif self.all_heads:
-            cfg = SparseConfig.all_heads(target.model.cfg, draft.model.cfg, self.budget, sinks=self.sinks,
-                                         window=self.window)
+            cfg = replace(SparseConfig.all_heads(target.model.cfg, draft.model.cfg, self.budget, sinks=self.sinks,
+                                                 window=self.window), draft_kv=kv or "full")
         else:
-            cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window)
+            cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, draft_kv=kv or "full")
         cfg.check_models(target.model.cfg, draft.model.cfg)
         return cfg
 
@@ -93,12 +97,15 @@ class SparsePlan:
 
 
 def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget: int | None, sinks: int | None,
-                window: int | None, all_heads: bool = False) -> SparsePlan:
+                window: int | None, all_heads: bool = False, draft_kv: str | None = None) -> SparsePlan:
     """Check one run before any model loads: a known policy, retrieval heads where it needs them
-    (a profile that holds some, or --all-heads), and budget >= sinks + window. Sinks, window and
-    budget default to the profile's, else 4, 64 and 512."""
+    (a profile that holds some, or --all-heads), budget >= sinks + window, and a draft KV mode the
+    policy can draft over. Sinks, window and budget default to the profile's, else 4, 64 and 512;
+    draft_kv to the profile's, else full."""
     if policy not in POLICIES:
         raise DustinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if draft_kv is not None and draft_kv not in DRAFT_KV:
+        raise DustinError(f"--draft-kv {draft_kv!r}: choose one of {', '.join(DRAFT_KV)}")
     if profile is not None and not isinstance(profile, LoadedProfile):
         profile = read_profile(profile)
     prof = profile.profile if profile else None
@@ -106,6 +113,9 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         raise DustinError(f"policy {policy} needs retrieval heads: give --profile (or --all-heads for every head)")
     sinks = sinks if sinks is not None else prof.sinks if prof else DEFAULT_SINKS
     window = window if window is not None else prof.window if prof else DEFAULT_WINDOW
+    if draft_kv == "verify-set" and policy in ("full", "quest"):
+        raise DustinError(f"--draft-kv verify-set: policy {policy} has no one verification set per sequence to "
+                          "draft over (use dustin, draft-only, target-only, streamingllm or oracle)")
     if policy == "full":
         return SparsePlan(policy, None, sinks, window, profile, all_heads)
     budget = budget if budget is not None else prof.budget if prof else DEFAULT_BUDGET
@@ -122,11 +132,11 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         if missing:
             raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads (in a layer group), but at budget "
                               f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
-    return SparsePlan(policy, budget, sinks, window, profile, all_heads)
+    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv)
 
 
 def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Path | None, sinks: int | None,
-              window: int | None, all_heads: bool = False) -> dict[PolicyRun, SparsePlan]:
+              window: int | None, all_heads: bool = False, draft_kv: str | None = None) -> dict[PolicyRun, SparsePlan]:
     """Every policy at every budget (full once, without a budget), each checked before any model
     loads; the profile is read once."""
     if not policies:
@@ -136,7 +146,8 @@ def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Pa
             for p in policies for b in ([None] if p == "full" else budgets)]
     if not runs:
         raise DustinError("no budget given")
-    return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads) for r in dict.fromkeys(runs)}
+    return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads,
+                           None if r.policy in ("full", "quest") else draft_kv) for r in dict.fromkeys(runs)}
 
 
 def sparse_configs(plans: dict, target, draft) -> dict:

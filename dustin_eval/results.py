@@ -18,7 +18,6 @@ from dustin_runtime.files import atomic_path, atomic_write
 
 # Transitional: passkey_eval, pg19_eval, longbench_runner and dustin/cli.py still import
 # `provenance` from here; it is defined in dustin_runtime.provenance.
-from dustin_runtime.provenance import provenance  # noqa: F401
 
 SCHEMA_VERSION = 1
 
@@ -104,7 +103,8 @@ def plot_score_vs_budget(
     title: str | None = None,
     ylabel: str | None = None,
 ) -> Path:
-    """PNG: one line of `value` vs budget per policy; budget None (full cache) as a dashed level."""
+    """PNG: one line of `value` vs budget per policy, with interval bars where rows carry
+    `<value>_lo` / `<value>_hi`; budget None (full cache) as a dashed level."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -121,6 +121,13 @@ def plot_score_vs_budget(
         )
         if points:
             ax.plot([b for b, _ in points], [v for _, v in points], marker="o", label=policy)
+            bars = sorted((int(r["budget"]), float(r[value]), float(r[f"{value}_lo"]), float(r[f"{value}_hi"]))
+                          for r in rows if str(r["policy"]) == policy and r.get("budget") is not None
+                          and r.get(f"{value}_lo") is not None)
+            if bars:  # intervals where the rows have them (<value>_lo, <value>_hi)
+                ax.errorbar([b for b, *_ in bars], [v for _, v, _, _ in bars],
+                            yerr=[[v - lo for _, v, lo, _ in bars], [hi - v for _, v, _, hi in bars]],
+                            fmt="none", capsize=3, color=ax.lines[-1].get_color())
         for r in rows:
             if str(r["policy"]) == policy and r.get("budget") is None:
                 ax.axhline(float(r[value]), linestyle="--", color="gray", linewidth=1)

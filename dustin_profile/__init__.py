@@ -1,4 +1,4 @@
-"""Offline profiling (issue 5): calibration windows, recorded ground truth, ARR, Algorithm 1,
+"""Offline profiling: calibration windows, recorded ground truth, ARR, Algorithm 1,
 baselines and the versioned profile artifact.
 
 - `run.run_profile(ProfileConfig)`: the whole `dustin profile` run (resumable); returns the `Profile`.

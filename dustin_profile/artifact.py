@@ -17,7 +17,7 @@ from typing import get_args, get_origin, get_type_hints
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import LayerGroup, SparseConfig, scale_m
+from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
 
 SCHEMA_VERSION = 2
 READS = (1, 2)  # schema 1: no layer groups, no held-out figures
@@ -86,6 +86,7 @@ class Profile:
     calibration: dict  # description, files, windows, context, seed, sha256
     online_cost: dict  # key bytes read per step by the estimator, as a share of the full cache
     aggregation: str = "sum"  # over heads and queries: "sum" | "max"
+    draft_kv: str = "full"  # what the draft attended while drafting: "full" | "verify-set" (sparse drafting)
     tables: dict[str, str] = field(default_factory=dict)  # name -> file beside the JSON
     groups: tuple[GroupChoice, ...] = ()
     draft_group: int = 0  # the group whose set the draft drafts over (draft_kv "verify-set")
@@ -108,11 +109,11 @@ class Profile:
         return sum((g.stop - g.start) / self.target.num_layers * g.arr for g in self.groups)
 
     def to_sparse_config(self, budget: int | None = None, sinks: int | None = None, window: int | None = None,
-                         source: str = "") -> SparseConfig:
+                         source: str = "", draft_kv: str | None = None) -> SparseConfig:
         """The runtime's `SparseConfig` at `budget` (default the profile's): the profile's heads and
-        aggregation (per layer group where it has groups), its sinks/window unless overridden, and
-        m = the calibrated m at that budget, else the profile's m scaled by the runtime's one rule
-        (`sparse.scale_m`), clipped to the free rows."""
+        aggregation (per layer group where it has groups), its sinks/window and draft KV mode unless
+        overridden, and m = the calibrated m at that budget, else the profile's m scaled by the
+        runtime's one rule (`sparse.scale_m`), clipped to the free rows."""
         budget = self.budget if budget is None else budget
         sinks = self.sinks if sinks is None else sinks
         window = self.window if window is None else window
@@ -127,7 +128,8 @@ class Profile:
         def heads(hs):
             return tuple((h.layer, h.kv_head, tuple(h.query_heads)) for h in hs)
 
-        common = dict(budget=budget, sinks=sinks, window=window, aggregation=self.aggregation, source=source)
+        common = dict(budget=budget, sinks=sinks, window=window, aggregation=self.aggregation,
+                      draft_kv=draft_kv or self.draft_kv, source=source)
         if self.groups:
             return SparseConfig(**common, draft_group=self.draft_group, groups=tuple(
                 LayerGroup(g.start, m_at(g.m, g.m_by_budget), heads(g.draft_heads), heads(g.target_heads))
@@ -267,6 +269,8 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     _check_m(prof.m, prof.m_by_budget, prof, source)
     if prof.aggregation not in ("sum", "max"):
         raise DustinError(f"{source}: aggregation must be 'sum' or 'max', got {prof.aggregation!r}")
+    if prof.draft_kv not in DRAFT_KV:
+        raise DustinError(f"{source}: draft_kv must be one of {', '.join(DRAFT_KV)}, got {prof.draft_kv!r}")
     for who, info in (("draft", prof.draft), ("target", prof.target)):
         if min(info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) < 1 \
                 or info.num_heads % info.num_kv_heads:

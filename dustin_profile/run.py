@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ from dustin_profile.tables import write_tables
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
+from dustin_runtime.provenance import git_commit
 
 WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +72,7 @@ class ProfileConfig:
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
+    draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
     text_field: str = "text"
     device: str = "auto"
     dtype: str = "auto"
@@ -127,19 +128,6 @@ def tool_version() -> str:
         return "unknown"
 
 
-def git_commit() -> str:
-    """HEAD of the repository (with `-dirty` when the work tree has changes), or 'unknown'."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        if head.returncode:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return head.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: int, context: int,
                 dtype_bytes: int = 2, groups: int = 1) -> dict:
     """Key bytes the estimator reads per step (chosen draft heads over the draft cache, chosen
@@ -178,6 +166,8 @@ def record_key(cfg: ProfileConfig, tinfo: ModelInfo, dinfo: ModelInfo, dtype: to
         "gamma": cfg.gamma,
         "quest_budgets": list(cfg.all_budgets),
         "verify_tokens": cfg.verify_tokens,
+        "quest_sets": [cfg.sinks, cfg.window],
+        "draft_kv": cfg.draft_kv if cfg.draft_kv == "full" else [cfg.draft_kv, cfg.budget, cfg.sinks, cfg.window],
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
         "prefill_chunk": cfg.prefill_chunk,
@@ -315,7 +305,9 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
                 bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
                 rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
                                     quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
-                                    prefill_chunk=cfg.prefill_chunk)
+                                    prefill_chunk=cfg.prefill_chunk, sinks=cfg.sinks, window=cfg.window,
+                                    draft_set=(cfg.budget, cfg.sinks, cfg.window) if cfg.draft_kv == "verify-set"
+                                    else None)
                 rec["window_hash"] = whash
                 with atomic_path(path) as tmp:
                     torch.save(rec, tmp)
@@ -417,6 +409,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         online_cost=online_cost(tgt.model.cfg, drf.model.cfg, *_head_counts(res, gres if groups else None),
                                 cfg.context, groups=max(1, len(groups))),
         aggregation="sum",
+        draft_kv=cfg.draft_kv,
         tables=tables,
         groups=groups,
         draft_group=draft_group,

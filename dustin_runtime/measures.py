@@ -95,11 +95,13 @@ class ArrMeter:
         self.count += live.double()
 
     def summary(self) -> dict:
-        """{"arr": mean over steps and sequences, "arr_per_sequence": [...]} (one host sync)."""
+        """{"arr": mean over steps and sequences, "arr_per_sequence": [...], "arr_steps_per_sequence":
+        [...]} (one host sync; arr is the steps-weighted mean of the sequences')."""
         total, count = self.total.cpu(), self.count.cpu()
         per = (total / count.clamp_min(1)).tolist()
         arr = float((total.sum() / count.sum().clamp_min(1)).clamp(0.0, 1.0))
-        return {"arr": arr, "arr_per_sequence": [min(max(a, 0.0), 1.0) for a in per]}
+        return {"arr": arr, "arr_per_sequence": [min(max(a, 0.0), 1.0) for a in per],
+                "arr_steps_per_sequence": count.long().tolist()}
 
 
 class PairedAcceptance:
@@ -136,4 +138,6 @@ class PairedAcceptance:
         paired_retention (policy tau / full_tau on those steps), agree (share of steps with the same
         accepted count)."""
         f, p, s, c = (x.sum().item() for x in (self.sum_full, self.sum_policy, self.same, self.count))
-        return {"full_tau": f / max(c, 1), "paired_retention": p / f if f else 0.0, "agree": s / max(c, 1)}
+        return {"full_tau": f / max(c, 1), "paired_retention": p / f if f else 0.0, "agree": s / max(c, 1),
+                "paired_policy_per_sequence": self.sum_policy.cpu().tolist(),
+                "paired_full_per_sequence": self.sum_full.cpu().tolist()}

@@ -46,6 +46,15 @@ def test_acceptance_runs_resumes_and_writes(setup):
             assert r["retention"] == 1 and r["prefix"] == 1 and r["arr"] == pytest.approx(1, abs=1e-5)
         else:
             assert 0 < r["arr"] < 1
+        lo, hi = r["retention_ci"]  # 95% bootstrap interval over the 2 windows, around the pooled value
+        assert lo - 1e-12 <= r["retention"] <= hi + 1e-12
+        if r["policy"] != "full":
+            lo, hi = r["arr_ci"]
+            assert lo - 1e-12 <= r["arr"] <= hi + 1e-12
+            lo, hi = r["paired_retention_ci"]
+            assert lo - 1e-12 <= r["paired_retention"] <= hi + 1e-12
+        assert sum(r["tokens_per_sequence"]) == r["new_tokens"]  # accepted counts cut at the length limit
+        assert max(r["steps_per_sequence"]) == r["steps"]
     # the shared prefill gives what an ordinary run gives
     full90 = next(r for r in recs if r["context"] == 90 and r["policy"] == "full")
     from dustin_eval.pg19 import iter_windows

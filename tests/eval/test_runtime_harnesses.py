@@ -42,7 +42,7 @@ def test_pg19_runner_resumes_and_reports_full(tmp_path, char_tokenizer, tiny_pai
               windows=2, out_dir=tmp_path / "out", models={"target": "tiny"})
     rows = run_pg19(target, draft, tok, on_record=seen.append, **kw)
     assert len(seen) == 2 and rows[0]["policy"] == "full" and rows[0]["tokens"] == 40  # 2 x 4 windows of 5
-    assert rows[0]["ppl_ratio"] == 1.0
+    assert rows[0]["ppl_ratio"] == rows[0]["ppl_ratio_lo"] == rows[0]["ppl_ratio_hi"] == 1.0
     again = []
     run_pg19(target, draft, tok, on_record=again.append, **kw)
     assert again == []  # everything was done
