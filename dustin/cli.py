@@ -110,6 +110,9 @@ def bench_attention(
     gamma: int = typer.Option(4, help="Draft tokens; M = gamma + 1 verification queries."),
     out_dir: str = typer.Option("results/bench", help="Folder for attention-<shape>-<context>-<batch>-<budget>.json."),
     sdpa: bool = typer.Option(True, help="Also time the PyTorch SDPA backends."),
+    groups: str = typer.Option("1", help="Layer groups of the estimate, comma-separated (each scores its own "
+                                        "retrieval heads and selects its own set; 1: the single set only)."),
+    group_kv_heads: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of each layer group."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     from rich.table import Table
@@ -117,9 +120,10 @@ def bench_attention(
     from dustin_eval import bench_attention as ba
 
     configs = [
-        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa)
+        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, groups=g,
+                       group_kv_heads=group_kv_heads)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
-        for k in ba.parse_list(budget)
+        for k in ba.parse_list(budget) for g in _ints(groups, "--groups", maximum=MAX_COUNT)
     ]
     command = "dustin " + " ".join(sys.argv[1:])
     summaries = []
@@ -141,18 +145,25 @@ def bench_attention(
         console.print(f"speedup sparse vs best full ({s['best_full_kernel']}): {s['speedup_sparse_vs_best_full']:.1f}x; "
                       f"estimate+select: {est if est is None else f'{est:.2%}'} of {res['shapes']['model']['layers']} "
                       f"layers of full attention; select vs topk: {vs_topk if vs_topk is None else f'{vs_topk:.1f}x'}")
+        if s.get("estimate_groups_fraction") is not None:
+            console.print(f"estimate+select with {s['groups']} layer groups of {s['group_kv_heads']} KV heads: "
+                          f"{s['estimate_groups_fraction']:.2%} (cost model {s['estimate_groups_model_fraction']:.2%}; "
+                          f"single set {est:.2%}, model {s['estimate_model_fraction']:.2%})")
         summaries.append(res)
 
     ba.run_sweep(configs, out_dir, command, on_result=show)
     if len(summaries) > 1:
         t = Table(title="sweep summary")
-        for col in ("shape", "context", "batch", "budget", "best full", "full ms", "sparse ms", "speedup", "estimate"):
+        for col in ("shape", "context", "batch", "budget", "best full", "full ms", "sparse ms", "speedup", "estimate",
+                    "groups", "estimate (groups)"):
             t.add_column(col)
         for res in summaries:
             cfg, s = res["config"], res["summary"]
             t.add_row(cfg["shape"], str(cfg["context"]), str(cfg["batch"]), str(cfg["budget"]), s["best_full_kernel"],
                       f"{s['best_full_ms']:.4f}", f"{s['sparse_ms']:.4f}", f"{s['speedup_sparse_vs_best_full']:.1f}x",
-                      "-" if s["estimate_select_fraction"] is None else f"{s['estimate_select_fraction']:.2%}")
+                      "-" if s["estimate_select_fraction"] is None else f"{s['estimate_select_fraction']:.2%}",
+                      str(s.get("groups", 1)),
+                      "-" if s.get("estimate_groups_fraction") is None else f"{s['estimate_groups_fraction']:.2%}")
         console.print(t)
 
 
