@@ -91,6 +91,7 @@ class GroupsResult:
     arr: float  # whole-profile ARR (layer-weighted) at the search budget
     trials: list[dict] = field(default_factory=list)  # per K: segments, oracle, ARR
     stop: str = "max_groups"  # "max_groups" | "epsilon" | "layers"
+    tried: dict[int, list[Group]] = field(default_factory=dict)  # the groups of every K tried
 
     def arr_at(self, budget: int, layers: int) -> float:
         """The layer-weighted ARR of the groups at `budget`."""
@@ -117,7 +118,7 @@ def search_groups(stats: CalibStats, cands: list[Candidate], cfg: SearchConfig, 
         return cache[(a, b)]
 
     best: GroupsResult | None = None
-    trials = []
+    trials, tried = [], {}
     stop = "max_groups"
     for k in range(1, min(max_groups, n) + 1):
         segs, orc = best_segments(oracles, n, k)
@@ -127,6 +128,7 @@ def search_groups(stats: CalibStats, cands: list[Candidate], cfg: SearchConfig, 
                 progress(k, i + 1, len(segs))
             groups.append(group(a, b))
         arr = sum((g.stop - g.start) / n * g.sweep[cfg.budget][0] for g in groups)
+        tried[k] = groups
         trials.append({"groups": k, "segments": [list(s) for s in segs], "oracle": orc, "arr": arr,
                        "heads": sum(len(g.search.chosen) for g in groups)})
         if best is not None and arr - best.arr < cfg.epsilon:
@@ -135,5 +137,5 @@ def search_groups(stats: CalibStats, cands: list[Candidate], cfg: SearchConfig, 
         best = GroupsResult(groups, arr)
     else:
         stop = "layers" if max_groups > n else "max_groups"
-    best.trials, best.stop = trials, stop
+    best.trials, best.stop, best.tried = trials, stop, tried
     return best

@@ -172,10 +172,13 @@ def render(prof: Profile, folder: Path | None = None) -> list:
     df = _table(prof, folder, "groups")
     if df is not None:
         t = Table(title="layer groups searched (best K contiguous groups by the oracle, then Algorithm 1 on each)")
-        for c in ("K", "layers", "oracle", "ARR", "heads"):
+        held = _sub(prof.heldout, "groups")
+        for c in ("K", "layers", "oracle", "ARR", "held-out ARR", "heads"):
             t.add_column(c, justify="right")
         for _, r in df.iterrows():
-            t.add_row(str(r["groups"]), str(r["segments"]), f"{r['oracle']:.4f}", f"{r['arr']:.4f}", str(r["heads"]))
+            h = _num(held, str(r["groups"]))
+            t.add_row(str(r["groups"]), str(r["segments"]), f"{r['oracle']:.4f}", f"{r['arr']:.4f}",
+                      "" if h is None else f"{h:.4f}", str(r["heads"]))
         out.append(t)
 
     df = _table(prof, folder, "rounds")
@@ -219,9 +222,12 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
                   f"{_labels(g.target_heads)} |" for i, g in enumerate(prof.groups)]
     df = _table(prof, folder, "groups")
     if df is not None:
-        lines += ["", "| K groups | layers | oracle of the K segments | ARR | heads |", "| ---: | --- | ---: | ---: | ---: |"]
-        lines += [f"| {r['groups']} | {r['segments']} | {r['oracle']:.4f} | {r['arr']:.4f} | {r['heads']} |"
-                  for _, r in df.iterrows()]
+        held = _sub(prof.heldout, "groups")
+        lines += ["", "| K groups | layers | oracle of the K segments | ARR | held-out ARR | heads |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['groups']} | {r['segments']} | {r['oracle']:.4f} | {r['arr']:.4f} | "
+                  f"{'' if _num(held, str(r['groups'])) is None else format(_num(held, str(r['groups'])), '.4f')} | "
+                  f"{r['heads']} |" for _, r in df.iterrows()]
     held = _sub(prof.heldout, "arr")
     if held:
         lines += ["", f"On {prof.heldout.get('passes')} held-out passes:", "", "| method | ARR |", "| --- | ---: |"]

@@ -68,7 +68,8 @@ def test_groups_find_the_planted_split_and_heads(cands):
     assert res.stop == "epsilon" and [t["groups"] for t in res.trials] == [1, 2, 3]
     single, two = res.trials[0]["arr"], res.trials[1]["arr"]
     assert two == pytest.approx(res.arr) and two > single + 0.2 and two > 0.9
-    assert res.arr == pytest.approx(groups_arr(st, cs, res, 80, 4, 16), abs=1e-9)  # the held-out path agrees
+    assert res.arr == pytest.approx(groups_arr(st, cs, res.groups, 80, 4, 16), abs=1e-9)  # the held-out path agrees
+    assert [len(res.tried[k]) for k in (1, 2, 3)] == [1, 2, 3]
     one = search_groups(st, cs, cfg, [80], max_groups=1)
     assert len(one.groups) == 1 and one.arr == pytest.approx(single) and one.stop == "max_groups"
 
