@@ -9,7 +9,8 @@ bin's m the one with the best mean ARR over the calibration passes in it. Featur
 - `agreement`: sum_i min(d_i, t_i) of the normalised draft and target signals (1: the same ranking mass).
 The draft signal is the chosen draft heads', or every draft KV head's when Algorithm 1 chose none
 (a fixed m of 0 leaves nothing to vary). Each rule's held-out ARR is checked through
-`select_indices` with one m per pass (`calib_arr.arr_exact`)."""
+`select_indices` with one m per pass (`calib_arr.arr_exact`); the rank correlation of each feature
+with the per-pass best m says whether any table could work."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def features(stats: CalibStats, primary: torch.Tensor, secondary: torch.Tensor) 
 def _weights(stats: CalibStats) -> torch.Tensor:
     P = stats.lengths.numel()
     return (torch.full((P,), 1.0 / P) if stats.weight is None else stats.weight.float().cpu()).double()
+
+
+def rank_correlation(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Spearman's correlation of x and y [P] (ranks by stable sort: ties keep their order)."""
+    def rank(v):
+        return torch.sort(v.double(), stable=True).indices.argsort().double()
+
+    return float(torch.corrcoef(torch.stack([rank(x), rank(y)]))[0, 1])
 
 
 def fit_table(arrs: torch.Tensor, feature: torch.Tensor, weight: torch.Tensor, bins: int) -> tuple[list[float], list[int]]:
@@ -96,6 +105,9 @@ def analyse(cal: CalibStats, held: CalibStats, signals: dict, *, budget: int, si
                 "calibration": float(got_c @ wc), "heldout": float(got_h @ wh),
                 "heldout_select_indices": float(exact.double().cpu() @ wh),
             })
+    best_m = torch.cat([grids["calibration"].argmax(0), grids["heldout"].argmax(0)]).double()  # [P_c + P_h]
+    out["best_m_rank_correlation"] = {f: rank_correlation(torch.cat([feats["calibration"][f], feats["heldout"][f]]),
+                                                          best_m) for f in feats["calibration"]}
     best = max(out["rules"], key=lambda r: r["calibration"])  # chosen on calibration, reported held out
     out["best_rule"] = {k: best[k] for k in ("feature", "bins")}
     out["heldout_gain"] = best["heldout"] - out["fixed"]["heldout"]

@@ -69,6 +69,10 @@ def _dynamic_rows(heldout: dict) -> list[tuple[str, str]]:
                      f"{_num(rule, 'heldout'):.4f}"))
     if _num(orc, "heldout") is not None:
         rows.append(("dynamic m: each pass's best m (upper bound)", f"{_num(orc, 'heldout'):.4f}"))
+    corr = _sub(dyn, "best_m_rank_correlation")
+    if corr:
+        rows.append(("rank correlation of the best m with " + ", ".join(corr), ", ".join(
+            "?" if _num(corr, k) is None else f"{_num(corr, k):+.2f}" for k in corr)))
     return rows
 
 

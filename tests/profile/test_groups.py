@@ -102,6 +102,7 @@ def test_dynamic_m_against_fixed_m(random_stats):
     assert low < 25 < high  # low confidence: mostly the target's rows; high: mostly the draft's
     assert conf2["heldout"] > out["fixed"]["heldout"] + 0.1
     assert out["best_rule"]["feature"] == "confidence" and out["heldout_gain"] > 0.1
+    assert out["best_m_rank_correlation"]["confidence"] > 0.5  # high confidence: the larger m
     m_row = torch.where(held.confidence.mean(1) > 0.5, 50, 0).int()
     exact = arr_exact(held, held.draft[0], held.target[0], budget=60, sinks=2, window=8, m=m_row)
     assert float(exact.mean()) == pytest.approx(out["oracle"]["heldout"], abs=0.05)
