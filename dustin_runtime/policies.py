@@ -99,11 +99,15 @@ class _DraftBackend(AttentionBackend):
 
     def __init__(self, policy: SparsePolicy, default: AttentionBackend):
         self.policy, self.default = policy, default
+        self.slot = -1
+        policy.drafting = self
 
     def begin(self, ctx):
         self.default.begin(ctx)
-        if ctx.phase == "draft" and self.policy.draft_set is not None:
-            self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths)
+        if ctx.phase == "draft":
+            self.slot += 1  # the forward's index in this step's drafting (`SparsePolicy.before_draft` resets it)
+            if self.policy.draft_set is not None:
+                self.policy.draft_set.drafted(ctx.start, self.policy.tcache.lengths)
 
     def attend(self, layer, q, cache, ctx):
         p = self.policy
@@ -114,7 +118,7 @@ class _DraftBackend(AttentionBackend):
         if ctx.phase == "draft":
             for look in getattr(p, "lookaheads", ()):
                 if layer in look.layers:
-                    look.stash(layer, q, ctx.positions[:, 0] - p.tcache.lengths)
+                    look.stash(layer, q, self.slot)
         return out
 
     def end(self, ctx):
@@ -172,6 +176,7 @@ class SparsePolicy(SpecHooks):
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.draft_set: DraftSet | None = None
         self.layer_sets = not self.shared_set  # the layers attend different sets
+        self.drafting: _DraftBackend | None = None  # the draft backend, once built
         if cfg.draft_kv == "verify-set" and not self.shared_set:
             raise DustinError(f"policy {self.name} chooses a set per layer and KV head: the draft cannot draft "
                               f"over it (use --draft-kv full)")
@@ -216,8 +221,11 @@ class SparsePolicy(SpecHooks):
         return _TargetBackend(self, default)
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
-        """Called before `setup` (the loop builds its backends first): decided from the config."""
-        return _DraftBackend(self, default) if self.cfg.draft_kv == "verify-set" else default
+        return _DraftBackend(self, default) if self.draft_set is not None else default
+
+    def before_draft(self) -> None:
+        if self.drafting is not None:
+            self.drafting.slot = -1
 
     def after_prefill(self) -> None:
         if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals
@@ -329,8 +337,6 @@ class SignalPolicy(SparsePolicy):
         self.name = name
         self.layer_group = cfg.group_of(target.cfg.num_layers)  # [Lt] group of each target layer
         self.layer_sets = len(cfg.layer_groups) > 1
-        self.lookaheads: list[DraftLookahead] = []
-        self.stashes = any(g.draft_heads and g.m > 0 for g in cfg.layer_groups)  # (GroupSignals.use_draft)
 
     def allocate(self, batch, max_len, device):
         self.groups = [GroupSignals(g, self, batch, max_len, device) for g in self.cfg.layer_groups]
@@ -339,7 +345,7 @@ class SignalPolicy(SparsePolicy):
         self.indices, self.draft_score, self.history, self.m = one.indices, one.draft_score, one.history, one.m
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
-        return _DraftBackend(self, default) if self.stashes or self.cfg.draft_kv == "verify-set" else default
+        return _DraftBackend(self, default) if self.lookaheads or self.draft_set is not None else default
 
     def reset(self):
         super().reset()

@@ -31,6 +31,7 @@ class LayerHeads:
     query: torch.Tensor  # [Hs] int64 query-head indices, those of one KV head adjacent
     kv: torch.Tensor  # [Hs] int32 KV head of each
     groups: torch.Tensor | None = None  # [Gs] int32 distinct KV heads, when the groups are equal
+    span: tuple[int, int] | None = None  # (first, stop) when the query heads are one contiguous range
 
 
 def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int, LayerHeads]:
@@ -42,10 +43,12 @@ def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int
     for layer, groups in sorted(by_layer.items()):
         pairs = [(h, g) for g in groups for h in groups[g]]
         equal = len({len(v) for v in groups.values()}) == 1
+        hs = [h for h, _ in pairs]
+        span = (hs[0], hs[-1] + 1) if hs == list(range(hs[0], hs[-1] + 1)) else None
         out[layer] = LayerHeads(
             torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
             torch.tensor([g for _, g in pairs], dtype=torch.int32, device=device),
-            torch.tensor(list(groups), dtype=torch.int32, device=device) if equal else None)
+            torch.tensor(list(groups), dtype=torch.int32, device=device) if equal else None, span)
     return out
 
 
@@ -76,13 +79,15 @@ class DraftLookahead:
         self.q = {layer: torch.zeros(batch, lh.query.numel(), gamma + 1, head_dim, dtype=dtype, device=device)
                   for layer, lh in self.layers.items()}
 
-    def stash(self, layer: int, q: torch.Tensor, offset: torch.Tensor) -> None:
-        """Keep the SRH queries of one draft forward: q [B, H, 1, D] at verification slot
-        offset [B] (= its position - L, in [0, gamma])."""
+    def stash(self, layer: int, q: torch.Tensor, slot: int) -> None:
+        """Keep the SRH queries of one draft forward: q [B, H, 1, D] at verification slot `slot`
+        (the forward's index in the step: its position - L, the same for every sequence). One copy
+        when the layer's query heads are one contiguous range."""
         lh, buf = self.layers[layer], self.q[layer]
-        B, Hs, _, D = buf.shape
-        sel = q.index_select(1, lh.query)  # [B, Hs, 1, D]
-        buf.scatter_(2, offset.view(B, 1, 1, 1).expand(B, Hs, 1, D), sel.to(buf.dtype))
+        if lh.span is not None:
+            buf[:, :, slot].copy_(q[:, lh.span[0]: lh.span[1], 0])
+        else:
+            buf[:, :, slot].copy_(q[:, lh.query, 0])
 
     def score(self, k_caches: list[torch.Tensor], lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [B, N_max] = the lookahead signal over [0, lens) from the stashed queries."""

@@ -215,9 +215,9 @@ class _SpecLoop:
         device, B = target.device, tcache.batch
         self.target, self.draft, self.tcache, self.dcache, self.hooks = target, draft, tcache, dcache, hooks
         self.gamma, self.sampling, self.gen, self.V = gamma, sampling, generator, V
+        hooks.setup(tcache, dcache, gamma)  # first: the backends a policy wraps depend on its setup
         base = default_backend(device)
         self.t_backend, self.d_backend = hooks.target_backend(base), hooks.draft_backend(base)
-        hooks.setup(tcache, dcache, gamma)
         self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new)
         self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
         self.replay = torch.zeros(tcache.max_len + 1, B, dtype=torch.long, device=device) if replayed else None

@@ -81,9 +81,9 @@ def teacher_forced_nll(
 
 def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, shared, base):
     device, B, total = target.device, len(sequences), len(sequences[0])
+    hooks.setup(tcache, dcache, gamma)  # first: the backends a policy wraps depend on its setup
     t_backend = hooks.target_backend(base)
     d_backend = hooks.draft_backend(base) if draft is not None else None
-    hooks.setup(tcache, dcache, gamma)
     prompts = [s[:context] for s in sequences]
     tail = hooks.prefill_tail(gamma)
     prefill(target, tcache, prompts, t_backend, tail=tail, start=shared)

@@ -79,6 +79,7 @@ def artifact(out: Path):
     by this run) and its tables' data."""
     d = json.loads(out.read_text())
     d.pop("created")
+    d.pop("git_commit")  # provenance: the tree may change between the two runs
     d["calibration"].pop("run")
     tables = {name: pd.read_parquet(out.parent / f) for name, f in d["tables"].items() if f.endswith(".parquet")}
     plots = {name: (out.parent / f).read_bytes() for name, f in d["tables"].items() if f.endswith(".png")}

@@ -136,8 +136,7 @@ def test_sparse_drafting_with_a_set_covering_the_context_equals_full_drafting(pa
 @pytest.mark.parametrize("policy", ["dustin", "streamingllm"])
 def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkeypatch, policy):
     """At every draft forward the draft's rows are: the latest verification set (chosen at L0), the
-    rows committed since ([L0, L)) and this step's drafts before the forward's own ([L, start)).
-    Also for a policy without draft signals (its draft backend is chosen before the buffers exist)."""
+    rows committed since ([L0, L)) and this step's drafts before the forward's own ([L, start))."""
     from dustin_runtime import policies
 
     target, draft = pair

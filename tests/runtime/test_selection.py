@@ -107,7 +107,7 @@ def test_signals_equal_a_direct_softmax():
     qs = [torch.randn(B, H, 1, D, generator=g) for _ in range(gamma + 1)]
     for j in reversed(range(gamma + 1)):  # any order: each query lands in its slot
         for layer in look.layers:
-            look.stash(layer, qs[j], torch.full((B,), j))
+            look.stash(layer, qs[j], j)
     out = torch.full((B, N), 7.0)
     look.score(k, lens, out)
     q = torch.cat(qs, dim=2)  # [B, H, gamma + 1, D]
