@@ -6,7 +6,9 @@ Per (model shape, context, batch, budget) it times, in one process on one GPU:
   accepts the shape (enable_gqa where the backend takes it, else K/V expanded to H heads);
 - sparse attention over a budget-sized index set (`sparse_verify_attention`, [B, S] and [B, G, S]);
 - the estimator: `srh_scores` on one layer, `select_indices` vs `torch.topk`, and one estimate
-  step (SRH scoring of 4 KV heads over 2 layers, accumulated, then select).
+  step (SRH scoring of 4 KV heads over 2 layers, accumulated, then select); with `groups` > 1,
+  the estimate of that many layer groups (`estimate_group` each: its `group_kv_heads` retrieval
+  KV heads, then its own select), next to the cost model `estimate_cost_ms`.
 Each kernel is timed per layer inside a CUDA graph of many calls over distinct buffers (no launch
 gaps, no L2 reuse between calls, as a decode step runs) and with plain `triton.testing.do_bench`.
 GPU-only imports stay inside the functions, so CPU code may import this module.
@@ -60,6 +62,8 @@ class BenchConfig:
     m: int = 216  # top-m by the first score; the rest of the budget by the second
     srh_layers: int = 2  # the estimate: SRH scoring over this many layers ...
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
+    groups: int = 1  # layer groups, each with its own retrieval heads and set (1: the single set only)
+    group_kv_heads: int = 4  # retrieval KV heads of each group (srh_kv_heads_per_layer per layer)
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
 
@@ -115,6 +119,32 @@ def random_index_sets(B: int, N: int, S: int, n: int, dev) -> list[torch.Tensor]
     """n sorted random [B, S] int32 sets of distinct rows < N (as select_indices returns them)."""
     return [torch.sort(torch.rand(B, N, device=dev).topk(S, dim=1).indices, dim=1).values.to(torch.int32)
             for _ in range(n)]
+
+
+def group_calls(heads: int, per_layer: int) -> list[int]:
+    """KV heads of each `srh_scores` call of a group of `heads` retrieval KV heads, `per_layer` a layer."""
+    return [per_layer] * (heads // per_layer) + ([heads % per_layer] if heads % per_layer else [])
+
+
+def estimate_group(q: list[torch.Tensor], kv_heads: list[torch.Tensor], keys: list[torch.Tensor],
+                   lens: torch.Tensor, scores: torch.Tensor, secondary: torch.Tensor, out: torch.Tensor,
+                   **sel_kw) -> torch.Tensor:
+    """One layer group's estimate + select as the runtime runs it: `srh_scores` of its retrieval
+    heads, one call per layer (q[i] [B, h_i, r * M, D] over keys[i] [B, G, N_max, D], KV heads
+    kv_heads[i] [h_i]) accumulated into scores [B, N_max], then `select_indices` with the
+    secondary signal [B, N_max] into out [B, S]."""
+    from dustin_kernels import select_indices, srh_scores
+
+    for i, (qi, hi, ki) in enumerate(zip(q, kv_heads, keys, strict=True)):
+        srh_scores(qi, hi, ki, lens, out=scores, accumulate=i > 0)
+    return select_indices(scores, secondary, lens, out=out, **sel_kw)
+
+
+def estimate_cost_ms(groups: int, heads: int, per_layer: int, srh_ms: float, select_ms: float) -> float:
+    """The estimate's cost model: each group scores its heads (a `srh_scores` call reads its KV
+    heads' keys, so its time scales with them: t_srh of `per_layer` heads per call) and selects
+    once: groups x (heads / per_layer x t_srh + t_select)."""
+    return groups * (heads / per_layer * srh_ms + select_ms)
 
 
 def calls_per_graph(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
@@ -227,7 +257,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
     # the estimator
     hs = cfg.srh_kv_heads_per_layer
-    kv_heads = torch.tensor([(j * G) // hs for j in range(hs)], dtype=torch.int32, device=dev)
+    kv_heads = torch.tensor([(j * G) // hs for j in range(hs)], dtype=torch.int32, device=dev)  # spread over G
     # every query head of a retrieval KV head scores (as in the runtime): H / G heads x M queries
     # stacked per KV head, so the kernel reads each KV head's keys once for all of them
     q_srh = [torch.randn(B, hs, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
@@ -252,17 +282,28 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "torch_topk", [lambda i=i: torch.topk(prim[i % 8], S, dim=1) for i in range(24)],
         B * n_max * 4, copy_tbps, note="one top-k only, unsorted indices; select does two plus the merge"))
 
-    def estimate_step(i):
-        a, b2 = (2 * i) % n_buf, (2 * i + 1) % n_buf
-        o = score_out[i % 4]
-        srh_scores(q_srh[a], kv_heads, ks[a], lens, out=o)
-        srh_scores(q_srh[b2], kv_heads, ks[b2], lens, out=o, accumulate=True)
-        select_indices(o, sec[i % 8], lens, out=sel_out[i % 8], **sel_kw)
+    q_by_heads = {h: [q[:, :h].contiguous() for q in q_srh] for h in set(group_calls(cfg.group_kv_heads, hs))}
+    q_by_heads[hs] = q_srh
+
+    def estimate_step(i, heads, groups=1):
+        """`groups` layer groups of `heads` retrieval KV heads each; keys from distinct buffers."""
+        calls = group_calls(heads, hs)
+        for g in range(groups):
+            bufs = [(i * groups * len(calls) + g * len(calls) + c) % n_buf for c in range(len(calls))]
+            q = [q_by_heads[h][b] for b, h in zip(bufs, calls, strict=True)]
+            estimate_group(q, [kv_heads[:h] for h in calls], [ks[b] for b in bufs], lens, score_out[(i + g) % 4],
+                           sec[(i + g) % 8], sel_out[(i + g) % 8], **sel_kw)
 
     n_est = max(6, n_srh // 2)
-    records.append(record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
+    records.append(record("estimate_step", [lambda i=i: estimate_step(i, cfg.srh_layers * hs) for i in range(n_est)],
                           cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
                           note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
+    if cfg.groups > 1:
+        gh = cfg.group_kv_heads
+        records.append(record(
+            "estimate_groups_step", [lambda i=i: estimate_step(i, gh, cfg.groups) for i in range(max(3, n_est // 2))],
+            cfg.groups * (gh * B * N * D * dt.itemsize + (len(group_calls(gh, hs)) + 2) * B * n_max * 4), copy_tbps,
+            note=f"{cfg.groups} layer groups x (srh_scores of {gh} KV heads, {hs} a layer, + select_indices)"))
 
     if cfg.sdpa:
         mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
@@ -273,6 +314,10 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     best_full = min(full_kernels, key=lambda r: r["median_ms"])
     sparse = rec_by["sparse_verify_attention"]
     est, sel, topk = rec_by.get("estimate_step"), rec_by.get("select_indices"), rec_by.get("torch_topk")
+    est_g, srh = rec_by.get("estimate_groups_step"), rec_by.get("srh_scores")
+    full_all = shp.layers * best_full["median_ms"]
+    model = (lambda g, h: estimate_cost_ms(g, h, hs, srh["median_ms"], sel["median_ms"]) / full_all) if srh and sel \
+        else (lambda g, h: None)
     summary = {
         "best_full_kernel": best_full["kernel"],
         "best_full_ms": best_full["median_ms"],
@@ -281,7 +326,15 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "speedup_sparse_vs_best_full_do_bench": best_full["do_bench_ms"] / sparse["do_bench_ms"],
         "full_bandwidth_fraction": rec_by["full_verify_attention"]["bandwidth_fraction"],
         "estimate_ms": est["median_ms"] if est else None,
-        "estimate_select_fraction": est["median_ms"] / (shp.layers * best_full["median_ms"]) if est else None,
+        "estimate_select_fraction": est["median_ms"] / full_all if est else None,
+        "estimate_model": "groups x (KV heads / KV heads per srh call x srh_scores + select_indices), over "
+                          "layers x best full",
+        "estimate_model_fraction": model(1, cfg.srh_layers * hs),
+        "groups": cfg.groups,
+        "group_kv_heads": cfg.group_kv_heads if cfg.groups > 1 else None,
+        "estimate_groups_ms": est_g["median_ms"] if est_g else None,
+        "estimate_groups_fraction": est_g["median_ms"] / full_all if est_g else None,
+        "estimate_groups_model_fraction": model(cfg.groups, cfg.group_kv_heads) if cfg.groups > 1 else None,
         "select_vs_topk_speedup": topk["median_ms"] / sel["median_ms"] if sel and topk else None,
         "copy_tbps": copy_tbps,
         "floor_full_ms": full_bytes / (copy_tbps * 1e12) * 1e3,
@@ -306,7 +359,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
 
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
-    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}.json"
+    groups = f"-g{cfg.groups}x{cfg.group_kv_heads}" if cfg.groups > 1 else ""
+    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}.json"
 
 
 def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result=None) -> list[dict]:

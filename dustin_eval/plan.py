@@ -89,7 +89,9 @@ class SparsePlan:
         """The settings of this run that change its results (for resume keys)."""
         if cfg is None:
             return {"policy": self.policy}
-        sparse = {k: v for k, v in asdict(cfg).items() if k != "source"}
+        # fields at their one-set defaults are left out: keys of records made before layer groups hold
+        sparse = {k: v for k, v in asdict(cfg).items()
+                  if k != "source" and not (k in ("groups", "draft_group") and not v)}
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
                 "profile": self.profile.content if self.profile else None}
 
@@ -120,15 +122,16 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
     cfg = SparseConfig(budget=budget, sinks=sinks, window=window)  # refuses budget < sinks + window
     if policy in HEAD_POLICIES and prof is not None:
         cfg = prof.to_sparse_config(budget, sinks, window)
-        missing = [who for who, need, heads in (("draft", cfg.m > 0, cfg.draft_heads),
-                                                ("target", cfg.m < cfg.free, cfg.target_heads)) if need and not heads]
+        missing = [who for g in cfg.layer_groups
+                   for who, need, heads in (("draft", g.m > 0, g.draft_heads), ("target", g.m < cfg.free, g.target_heads))
+                   if need and not heads]
         if missing and not prof.has_heads:
             raise DustinError(f"{profile.path} holds no retrieval heads for policy {policy}: Algorithm 1 chose none "
                               "that raised ARR by its --epsilon; profile again with a smaller --epsilon or more "
                               "--windows, or use --all-heads without --profile")
         if missing:
-            raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads, but at budget {budget} its m = "
-                              f"{cfg.m} of {cfg.free} free rows leaves rows to the {missing[0]} signal")
+            raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads (in a layer group), but at budget "
+                              f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
     return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv)
 
 

@@ -1,7 +1,9 @@
 """The profile artifact: what Algorithm 1 found for one target/draft pair, as versioned JSON that the
 runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `tables`).
 
-Loading validates the schema; `check_models` refuses a profile made for other models."""
+Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 1
+files (one set for every layer) load unchanged. Loading validates the schema; `check_models`
+refuses a profile made for other models."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from typing import get_args, get_origin, get_type_hints
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import DRAFT_KV, SparseConfig, scale_m
+from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READS = (1, 2)  # schema 1: no layer groups, no held-out figures
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,20 @@ class HeadChoice:
     layer: int
     kv_head: int
     query_heads: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    """One layer group: target layers [start, stop) verified over one set, its heads and m (at
+    other budgets too) and its ARR over those layers' attention on the calibration passes."""
+
+    start: int
+    stop: int
+    m: int
+    m_by_budget: dict[int, int]
+    draft_heads: tuple[HeadChoice, ...]
+    target_heads: tuple[HeadChoice, ...]
+    arr: float
 
 
 @dataclass(frozen=True)
@@ -44,7 +61,12 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Profile:
-    """Retrieval heads, the draft/target budget split, and how well they did on calibration text."""
+    """Retrieval heads, the draft/target budget split, and how well they did on calibration text.
+
+    `m`, `draft_heads`, `target_heads` and `arr` are the single set of every layer (Algorithm 1 on
+    the all-layer attention). With `groups` (two or more, covering the target's layers in order)
+    the runtime verifies each group's layers over the group's own set instead, and the draft
+    drafts over group `draft_group`'s set; `arr_layers` is then the layer-weighted ARR."""
 
     tool_version: str
     git_commit: str
@@ -66,34 +88,54 @@ class Profile:
     aggregation: str = "sum"  # over heads and queries: "sum" | "max"
     draft_kv: str = "full"  # what the draft attended while drafting: "full" | "verify-set" (sparse drafting)
     tables: dict[str, str] = field(default_factory=dict)  # name -> file beside the JSON
+    groups: tuple[GroupChoice, ...] = ()
+    draft_group: int = 0  # the group whose set the draft drafts over (draft_kv "verify-set")
+    heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     schema_version: int = SCHEMA_VERSION
 
     @property
     def has_heads(self) -> bool:
         """Whether Algorithm 1 chose any retrieval head (a search whose first round gained less than
         its epsilon chooses none, and such a profile cannot drive the dustin policy)."""
+        if self.groups:
+            return any(g.draft_heads or g.target_heads for g in self.groups)
         return bool(self.draft_heads or self.target_heads)
+
+    @property
+    def arr_layers(self) -> float:
+        """ARR of what the runtime verifies with: the groups' layer-weighted ARR, else `arr`."""
+        if not self.groups:
+            return self.arr
+        return sum((g.stop - g.start) / self.target.num_layers * g.arr for g in self.groups)
 
     def to_sparse_config(self, budget: int | None = None, sinks: int | None = None, window: int | None = None,
                          source: str = "", draft_kv: str | None = None) -> SparseConfig:
         """The runtime's `SparseConfig` at `budget` (default the profile's): the profile's heads and
-        aggregation, its sinks/window and draft KV mode unless overridden, and m = the calibrated m
-        at that budget, else the profile's m scaled by the runtime's one rule (`sparse.scale_m`),
-        clipped to the free rows."""
+        aggregation (per layer group where it has groups), its sinks/window and draft KV mode unless
+        overridden, and m = the calibrated m at that budget, else the profile's m scaled by the
+        runtime's one rule (`sparse.scale_m`), clipped to the free rows."""
         budget = self.budget if budget is None else budget
         sinks = self.sinks if sinks is None else sinks
         window = self.window if window is None else window
-        m = self.m_by_budget.get(budget)
-        if m is None:
-            m = scale_m(self.m, self.budget - self.sinks - self.window, budget - self.sinks - self.window)
         free = budget - sinks - window
+
+        def m_at(m: int, m_by_budget: dict[int, int]) -> int:
+            got = m_by_budget.get(budget)
+            if got is None:
+                got = scale_m(m, self.budget - self.sinks - self.window, budget - self.sinks - self.window)
+            return max(0, min(free, got))
 
         def heads(hs):
             return tuple((h.layer, h.kv_head, tuple(h.query_heads)) for h in hs)
 
-        return SparseConfig(budget=budget, sinks=sinks, window=window, m=max(0, min(free, m)),
-                            draft_heads=heads(self.draft_heads), target_heads=heads(self.target_heads),
-                            aggregation=self.aggregation, draft_kv=draft_kv or self.draft_kv, source=source)
+        common = dict(budget=budget, sinks=sinks, window=window, aggregation=self.aggregation,
+                      draft_kv=draft_kv or self.draft_kv, source=source)
+        if self.groups:
+            return SparseConfig(**common, draft_group=self.draft_group, groups=tuple(
+                LayerGroup(g.start, m_at(g.m, g.m_by_budget), heads(g.draft_heads), heads(g.target_heads))
+                for g in self.groups))
+        return SparseConfig(**common, m=m_at(self.m, self.m_by_budget), draft_heads=heads(self.draft_heads),
+                            target_heads=heads(self.target_heads))
 
     def content_hash(self) -> str:
         """sha256 of what Algorithm 1 found and on which data: the JSON without its creation time,
@@ -108,6 +150,8 @@ class Profile:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["m_by_budget"] = {str(k): v for k, v in sorted(self.m_by_budget.items())}
+        for g, dg in zip(self.groups, d["groups"], strict=True):
+            dg["m_by_budget"] = {str(k): v for k, v in sorted(g.m_by_budget.items())}
         return {"schema_version": d.pop("schema_version"), **d}
 
     def to_json(self) -> str:
@@ -168,25 +212,52 @@ def _head(h, where: str) -> HeadChoice:
     return HeadChoice(h["layer"], h["kv_head"], tuple(h["query_heads"]))
 
 
+def _heads(d: dict, key: str, where: str) -> tuple[HeadChoice, ...]:
+    if not isinstance(d.get(key), list):
+        raise DustinError(f"{where}: field {key} must be a list of heads")
+    return tuple(_head(h, f"{where}: {key}") for h in d[key])
+
+
+def _m_by_budget(mb, where: str) -> dict[int, int]:
+    if not isinstance(mb, dict) or not all(k.lstrip("-").isdigit() and _is(v, int) for k, v in mb.items()):
+        raise DustinError(f"{where}: field m_by_budget must map budgets to integers, got {json.dumps(mb)[:40]}")
+    return {int(k): v for k, v in mb.items()}
+
+
+def _group(d, where: str) -> GroupChoice:
+    kw = _build(GroupChoice, d, where, skip=("draft_heads", "target_heads", "m_by_budget"))
+    kw.update(draft_heads=_heads(d, "draft_heads", where), target_heads=_heads(d, "target_heads", where),
+              m_by_budget=_m_by_budget(d["m_by_budget"], where))
+    return GroupChoice(**kw)
+
+
+def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> None:
+    if not 0 <= m <= prof.budget - prof.sinks - prof.window:
+        raise DustinError(f"{where}: m = {m} is outside [0, budget - sinks - window]")
+    bad = [b for b, mb in m_by_budget.items() if not 0 <= mb <= b - prof.sinks - prof.window]
+    if bad:
+        raise DustinError(f"{where}: m_by_budget[{bad[0]}] is outside [0, budget - sinks - window]")
+
+
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile`: field types, ranges and heads inside the models' shapes;
-    one clear `DustinError` for anything wrong."""
+    """Validate and build a `Profile` (schema 1 or 2): field types, ranges, layer groups and heads
+    inside the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
     version = d.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
-        raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads {SCHEMA_VERSION})")
-    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget"))
+    if version not in READS or isinstance(version, bool):
+        raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads "
+                          f"{', '.join(map(str, READS))})")
+    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
-        if not isinstance(d[key], list):
-            raise DustinError(f"{source}: field {key} must be a list of heads")
-        kw[key] = tuple(_head(h, f"{source}: {key}") for h in d[key])
-    mb = d["m_by_budget"]
-    if not isinstance(mb, dict) or not all(k.lstrip("-").isdigit() and _is(v, int) for k, v in mb.items()):
-        raise DustinError(f"{source}: field m_by_budget must map budgets to integers, got {json.dumps(mb)[:40]}")
-    kw["m_by_budget"] = {int(k): v for k, v in mb.items()}
+        kw[key] = _heads(d, key, source)
+    kw["m_by_budget"] = _m_by_budget(d["m_by_budget"], source)
+    groups = d.get("groups", [])
+    if not isinstance(groups, list):
+        raise DustinError(f"{source}: field groups must be a list of layer groups")
+    kw["groups"] = tuple(_group(g, f"{source}: group {i}") for i, g in enumerate(groups))
     prof = Profile(**kw)
     if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
         raise DustinError(f"{source}: gamma {prof.gamma} and budget {prof.budget} must be >= 1, sinks "
@@ -195,11 +266,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
         raise DustinError(
             f"{source}: budget {prof.budget} is smaller than sinks + window ({prof.sinks} + {prof.window})"
         )
-    if not 0 <= prof.m <= prof.budget - prof.sinks - prof.window:
-        raise DustinError(f"{source}: m = {prof.m} is outside [0, budget - sinks - window]")
-    bad = [b for b, m in prof.m_by_budget.items() if not 0 <= m <= b - prof.sinks - prof.window]
-    if bad:
-        raise DustinError(f"{source}: m_by_budget[{bad[0]}] is outside [0, budget - sinks - window]")
+    _check_m(prof.m, prof.m_by_budget, prof, source)
     if prof.aggregation not in ("sum", "max"):
         raise DustinError(f"{source}: aggregation must be 'sum' or 'max', got {prof.aggregation!r}")
     if prof.draft_kv not in DRAFT_KV:
@@ -209,9 +276,21 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
                 or info.num_heads % info.num_kv_heads:
             raise DustinError(f"{source}: {who} shape ({info.num_layers} layers, {info.num_heads} heads, "
                               f"{info.num_kv_heads} KV heads, head dim {info.head_dim}) is not a model's")
-    for who, heads, info in (("draft", prof.draft_heads, prof.draft), ("target", prof.target_heads, prof.target)):
+    if prof.groups:
+        bounds = [(g.start, g.stop) for g in prof.groups]
+        flat = [b for pair in bounds for b in pair]
+        if (len(bounds) < 2 or flat[0] != 0 or flat[-1] != prof.target.num_layers
+                or any(a >= b for a, b in bounds) or any(flat[i] != flat[i + 1] for i in range(1, len(flat) - 1, 2))):
+            raise DustinError(f"{source}: layer groups {bounds} must be two or more contiguous ranges covering the "
+                              f"target's {prof.target.num_layers} layers in order")
+        for i, g in enumerate(prof.groups):
+            _check_m(g.m, g.m_by_budget, prof, f"{source}: group {i}")
+    if not 0 <= prof.draft_group < max(1, len(prof.groups)):
+        raise DustinError(f"{source}: draft_group {prof.draft_group} is not one of the profile's groups")
+    sets = [(prof.draft_heads, prof.target_heads)] + [(g.draft_heads, g.target_heads) for g in prof.groups]
+    for who, k, info in (("draft", 0, prof.draft), ("target", 1, prof.target)):
         rep = info.num_heads // info.num_kv_heads
-        for h in heads:
+        for h in (h for heads in sets for h in heads[k]):
             if not (0 <= h.layer < info.num_layers and 0 <= h.kv_head < info.num_kv_heads):
                 raise DustinError(f"{source}: {who} head {h} is outside the model's {info.num_layers} layers "
                                   f"x {info.num_kv_heads} KV heads")

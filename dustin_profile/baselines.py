@@ -6,7 +6,9 @@
   window + whole pages of 16 rows in decreasing upper bound of q . k (from the page's min/max
   keys, maxed over the KV head's query heads and the verification queries), the last page cut to
   exactly S rows; its ARR uses those per-layer, per-head sets;
-- `oracle`: the top S positions of A itself (the best any one shared set can do)."""
+- `oracle`: the top S positions of A itself (the best any one shared set can do);
+- `layer-oracle`: each layer keeps the top S positions of its own A (the best any per-layer sets
+  can do; layer groups lie between the two)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,18 @@ def oracle(stats: CalibStats, budget: int) -> torch.Tensor:
     return stats.attn.topk(k, dim=1).values.double().sum(1).clamp(0.0, 1.0)
 
 
+def oracle_by_layer(stats: CalibStats, budget: int) -> torch.Tensor:
+    """[P, Lt] each layer's ARR when it keeps the top-S rows of its own A."""
+    la = stats.layer_attn.float()  # [P, Lt, N]
+    k = min(budget, la.shape[-1])
+    return la.topk(k, dim=-1).values.double().sum(-1).clamp(0.0, 1.0)
+
+
+def layer_oracle(stats: CalibStats, budget: int) -> torch.Tensor:
+    """[P] the per-layer oracle: `oracle_by_layer` averaged over layers."""
+    return oracle_by_layer(stats, budget).mean(1)
+
+
 def draft_only(stats: CalibStats, budget: int, sinks: int, window: int) -> torch.Tensor:
     free = budget - sinks - window
     return arr_grid(stats, stats.draft.sum(0), None, budget=budget, sinks=sinks, window=window, ms=[free])[0]
@@ -103,6 +117,8 @@ def baseline_arrs(stats: CalibStats, budget: int, sinks: int, window: int) -> di
         "target-only": target_only(stats, budget, sinks, window),
         "oracle": oracle(stats, budget),
     }
+    if stats.layer_attn is not None:
+        out["layer-oracle"] = layer_oracle(stats, budget)
     if stats.quest is not None and budget in stats.quest_budgets:
         out["quest"] = quest(stats, budget)
     return {k: float(stats.average(v)) for k, v in out.items()}

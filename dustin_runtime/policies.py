@@ -2,7 +2,8 @@
 
 - `full`: lossless speculative decoding, the target attends over the whole cache.
 - `dustin`: sinks + window + top-m by the draft lookahead signal + fill to S by the target history
-  signal (the profile's heads and m), one set per sequence for every target layer and head.
+  signal (the profile's heads and m), one set per sequence for every target layer and head; or,
+  with layer groups, one such set per group (its own heads and m) for the group's layers.
 - `draft-only`: every draft KV head's lookahead signal chooses every free row (m = S - sinks -
   window), as the profiler's baseline of that name.
 - `target-only`: every target KV head's history signal chooses every free row (m = 0), likewise.
@@ -39,7 +40,7 @@ from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
 from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
 from dustin_runtime.signals import DraftLookahead, TargetHistory, normalise_
-from dustin_runtime.sparse import POLICIES, SparseConfig, every_head
+from dustin_runtime.sparse import POLICIES, LayerGroup, SparseConfig, every_head
 from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.tp import local_heads
 
@@ -121,9 +122,10 @@ class _DraftBackend(AttentionBackend):
             out = p.ops.sparse_verify_attention(q, cache.k[layer], cache.v[layer], p.draft_set.idx, ctx.start)
         else:
             out = self.default.attend(layer, q, cache, ctx)
-        look = getattr(p, "lookahead", None)
-        if ctx.phase == "draft" and look is not None and layer in look.layers:
-            look.stash(layer, q, self.slot)
+        if ctx.phase == "draft":
+            for look in getattr(p, "lookaheads", ()):
+                if layer in look.layers:
+                    look.stash(layer, q, self.slot)
         return out
 
     def end(self, ctx):
@@ -160,8 +162,10 @@ class SparsePolicy(SpecHooks):
     """Base of the sparse policies: the [B, S] index buffer, the sparse verification backend and
     the optional side measurements (`measure_arr`: ARR; `paired`: what full verification accepts
     on the same drafts), both from one full side pass per step (`arr.TrueAttention`). Subclasses
-    fill `self.indices` in `select` (or per layer in `layer_indices`). `trace`, when a list,
-    receives (layer or None, lengths, indices) copies of every set chosen (a test hook)."""
+    fill `self.indices` in `select` (or per layer in `layer_indices`). With `layer_sets` the layers
+    attend different sets and ARR is measured layer by layer. `trace`, when a list, receives
+    (layer or None, lengths, indices) copies of every set chosen (a test hook): once per step for
+    one set, once per layer otherwise."""
 
     name = "sparse"
     shared_set = True  # one set per sequence, chosen before the pass (else per layer, in the pass)
@@ -178,6 +182,7 @@ class SparsePolicy(SpecHooks):
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.draft_set: DraftSet | None = None
+        self.layer_sets = not self.shared_set  # the layers attend different sets
         self.drafting: _DraftBackend | None = None  # the draft backend, once built
         self.tp = target.tp
         self.per_rank = self.tp is not None and self.tp.selection == "per-kv-head"
@@ -201,7 +206,7 @@ class SparsePolicy(SpecHooks):
         self.true = None
         if self.measure_arr or self.paired or self.needs_true_attention:
             self.true = TrueAttention(B, target_cache.max_len, target_cache.num_layers, target_cache.k[0].shape[1],
-                                      dev, per_layer=self.measure_arr and not self.shared_set)
+                                      dev, per_layer=self.measure_arr and self.layer_sets)
         self.allocate(B, target_cache.max_len, dev)
         if self.cfg.draft_kv == "verify-set":
             self.draft_set = DraftSet(draft_cache.batch, self.cfg.budget, gamma, dev)
@@ -250,15 +255,16 @@ class SparsePolicy(SpecHooks):
             self.select(self.tcache.lengths)
             if self.draft_set is not None:
                 self.draft_set.chosen(self.indices[self.rows], self.tcache.lengths[self.rows])
-            if self.trace is not None:
+            if self.trace is not None and not self.layer_sets:
                 self.trace.append((None, self.tcache.lengths.clone(), self.indices.clone()))
-            if self.meter is not None:
+        if self.meter is not None:
+            if self.layer_sets:
+                self.meter.begin_layers()
+            else:
                 self.meter.shared(self.true, self.indices)
-        elif self.meter is not None:
-            self.meter.begin_layers()
 
     def select(self, lens: torch.Tensor) -> None:
-        """Fill self.indices [B, S] for context lengths lens [B] int32."""
+        """Fill self.indices [B, S] (or every set of `layer_indices`) for context lengths lens [B] int32."""
         raise NotImplementedError
 
     def observe_prefill_tail(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> None:
@@ -275,8 +281,11 @@ class SparsePolicy(SpecHooks):
         self.observe_verify(layer, q, cache, ctx)
         idx = self.layer_indices(layer, q, cache, ctx)
         out = self.ops.sparse_verify_attention(q, cache.k[layer], cache.v[layer], idx, ctx.start)
-        if self.meter is not None and not self.shared_set:
-            self.meter.layer(self.true, layer, idx)
+        if self.layer_sets:
+            if self.meter is not None:
+                self.meter.layer(self.true, layer, idx)
+            if self.trace is not None:
+                self.trace.append((layer, ctx.start.clone(), idx.clone()))
         return out
 
     def after_verify(self, accepted: torch.Tensor, advance: torch.Tensor) -> None:
@@ -295,58 +304,42 @@ class SparsePolicy(SpecHooks):
         return out
 
 
-class SignalPolicy(SparsePolicy):
-    """dustin / draft-only / target-only: retrieval-head signals and `select_indices`."""
+class GroupSignals:
+    """The signals and set of one layer group of `SignalPolicy`: its draft heads' lookahead and its
+    target heads' history ([B, N_max] fp32 each, normalised before selection) and its [B, S] set."""
 
-    def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, *, m: int, **kw):
-        super().__init__(cfg, target, draft, **kw)
-        self.name, self.m = name, m
-        self.use_draft, self.use_target = bool(cfg.draft_heads) and m > 0, bool(cfg.target_heads) and m < cfg.free
-
-    def allocate(self, batch, max_len, device):
-        c, dc, tp = self.cfg, self.draft.cfg, self.tp
+    def __init__(self, group: LayerGroup, policy: SignalPolicy, batch: int, max_len: int, device):
+        c, dc, tp = policy.cfg, policy.draft.cfg, policy.tp
+        self.m = group.m
+        self.use_draft = bool(group.draft_heads) and group.m > 0
+        self.use_target = bool(group.target_heads) and group.m < c.free
         self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.history = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
+        self.indices = torch.full((batch, c.budget), -1, dtype=torch.int32, device=device)  # [B, S]
         self.draft_rows = self.draft_score  # the lookahead of the draft's rows (TP: a rank's, then gathered)
         if tp is not None:
-            self.draft_rows = torch.zeros(self.dcache.batch, max_len, dtype=torch.float32, device=device)
-        self.lookahead = (DraftLookahead(c.draft_heads, self.dcache.batch, self.gamma, dc.head_dim,
-                                         self.dcache.k[0].dtype, device, c.aggregation, self.ops)
+            self.draft_rows = torch.zeros(policy.dcache.batch, max_len, dtype=torch.float32, device=device)
+        self.lookahead = (DraftLookahead(group.draft_heads, policy.dcache.batch, policy.gamma, dc.head_dim,
+                                         policy.dcache.k[0].dtype, device, c.aggregation, policy.ops)
                           if self.use_draft else None)
-        heads = local_heads(c.target_heads, tp, self.target.cfg)
-        if self.per_rank and self.use_target:  # every rank must have target heads of its own
-            empty = [r for r in range(tp.world) if not local_heads(c.target_heads, tp, self.target.cfg, rank=r)]
+        heads = local_heads(group.target_heads, tp, policy.target.cfg)
+        if policy.per_rank and self.use_target:  # every rank must have target heads of its own
+            empty = [r for r in range(tp.world) if not local_heads(group.target_heads, tp, policy.target.cfg, rank=r)]
             if empty:
                 raise DustinError(f"per-KV-head selection: rank {empty[0]} of {tp.world} holds none of the target "
                                   "retrieval heads, so it has no signal to select with (use --tp-select shared)")
-        self.target_signal = TargetHistory(heads, device, c.aggregation, self.ops) if self.use_target else None
+        self.target_signal = TargetHistory(heads, device, c.aggregation, policy.ops) if self.use_target else None
 
-    def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
-        return _DraftBackend(self, default) if self.use_draft or self.draft_set is not None else default
-
-    def reset(self):
-        super().reset()
-        if self.lookahead is not None:  # a cached policy starts as a fresh one would
-            for q in self.lookahead.q.values():
-                q.zero_()
-
-    def observe_prefill_tail(self, layer, q, cache, ctx):
-        if self.target_signal is not None:
-            b0, b1 = ctx.rows
-            self.target_signal.score(layer, q, cache.k[layer], ctx.start, self.history[b0:b1])
-
-    def observe_verify(self, layer, q, cache, ctx):
-        if self.target_signal is not None:  # this pass's set is chosen: the buffer becomes next step's history
-            self.target_signal.score(layer, q, cache.k[layer], ctx.start, self.history)
-
-    def select(self, lens):
-        c, tp = self.cfg, self.tp
+    def select(self, policy: SignalPolicy, lens: torch.Tensor) -> None:
+        """This group's set for context lengths lens [B]: sinks + window + top-m by the lookahead +
+        the rest by the history (one signal alone chooses every free row)."""
+        c, tp = policy.cfg, policy.tp
         if self.lookahead is not None:
-            normalise_(self.lookahead.score(self.dcache.k, lens[self.rows], self.draft_rows))
+            normalise_(self.lookahead.score(policy.dcache.k, lens[policy.rows], self.draft_rows))
             if tp is not None:  # every rank's draft rows -> the whole batch
                 tp.gather_rows(self.draft_rows, out=self.draft_score)
         if self.target_signal is not None:
-            if tp is not None and not self.per_rank:  # the heads of every rank: one reduction of [B, N]
+            if tp is not None and not policy.per_rank:  # the heads of every rank: one reduction of [B, N]
                 if not self.target_signal.layers:
                     self.history.zero_()  # a rank without retrieval heads adds nothing
                 tp.all_reduce_(self.history, op=c.aggregation)
@@ -355,10 +348,59 @@ class SignalPolicy(SparsePolicy):
             primary, secondary, m = self.draft_score, self.history, self.m
         else:
             primary, secondary, m = (self.draft_score if self.use_draft else self.history), None, c.free
-        self.ops.select_indices(primary, secondary, lens, self.indices, sinks=c.sinks, window=c.window, m=m)
+        policy.ops.select_indices(primary, secondary, lens, self.indices, sinks=c.sinks, window=c.window, m=m)
+
+
+class SignalPolicy(SparsePolicy):
+    """dustin / draft-only / target-only: retrieval-head signals and `select_indices`, one set per
+    layer group (`GroupSignals`; one group unless the config has layer groups). The draft drafts
+    over the set of the config's `draft_group`."""
+
+    def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
+        super().__init__(cfg, target, draft, **kw)
+        self.name = name
+        self.layer_group = cfg.group_of(target.cfg.num_layers)  # [Lt] group of each target layer
+        self.layer_sets = len(cfg.layer_groups) > 1
+
+    def allocate(self, batch, max_len, device):
+        self.groups = [GroupSignals(g, self, batch, max_len, device) for g in self.cfg.layer_groups]
+        self.lookaheads = [g.lookahead for g in self.groups if g.lookahead is not None]
+        one = self.groups[self.cfg.draft_group]
+        self.indices, self.draft_score, self.history, self.m = one.indices, one.draft_score, one.history, one.m
+
+    def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
+        return _DraftBackend(self, default) if self.lookaheads or self.draft_set is not None else default
+
+    def reset(self):
+        super().reset()
+        for look in self.lookaheads:  # a cached policy starts as a fresh one would
+            for q in look.q.values():
+                q.zero_()
+
+    def observe_prefill_tail(self, layer, q, cache, ctx):
+        b0, b1 = ctx.rows
+        for g in self.groups:
+            if g.target_signal is not None:
+                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1])
+
+    def observe_verify(self, layer, q, cache, ctx):
+        for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
+            if g.target_signal is not None:
+                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
+
+    def select(self, lens):
+        for g in self.groups:
+            g.select(self, lens)
+
+    def layer_indices(self, layer, q, cache, ctx):
+        return self.groups[self.layer_group[layer]].indices
 
     def summary(self):
-        return {**super().summary(), "m": self.m}
+        out = {**super().summary(), "m": self.m}
+        if len(self.groups) > 1:
+            out["groups"] = [{"start": g.start, "m": s.m} for g, s in zip(self.cfg.layer_groups, self.groups,
+                                                                          strict=True)]
+        return out
 
 
 class StreamingPolicy(SparsePolicy):
@@ -390,11 +432,8 @@ class QuestPolicy(SparsePolicy):
     def layer_indices(self, layer, q, cache, ctx):
         c = self.cfg
         self.pages.refresh(layer, cache.k[layer], ctx.start)
-        idx = quest_indices(self.pages.bounds(layer, q), ctx.start, c.page_size, cache.max_len, c.sinks, c.window,
-                            self.ops, self.group_indices)
-        if self.trace is not None:
-            self.trace.append((layer, ctx.start.clone(), idx.clone()))
-        return idx
+        return quest_indices(self.pages.bounds(layer, q), ctx.start, c.page_size, cache.max_len, c.sinks, c.window,
+                             self.ops, self.group_indices)
 
     def summary(self):
         return {**super().summary(), "page": self.cfg.page_size}
@@ -440,14 +479,14 @@ def make_policy(
         raise DustinError(f"policy {name} needs a budget (--budget)")
     kw = dict(measure_arr=measure_arr, paired=paired, ops=ops)
     if name == "dustin":
-        if (cfg.m > 0 and not cfg.draft_heads) or (cfg.m < cfg.free and not cfg.target_heads):
+        if any((g.m > 0 and not g.draft_heads) or (g.m < cfg.free and not g.target_heads) for g in cfg.layer_groups):
             raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")
-        return SignalPolicy(name, cfg, target, draft, m=cfg.m, **kw)
-    if name == "draft-only":
-        cfg = replace(cfg, draft_heads=every_head(draft.cfg), target_heads=(), m=cfg.free)
-        return SignalPolicy(name, cfg, target, draft, m=cfg.free, **kw)
-    if name == "target-only":
-        cfg = replace(cfg, draft_heads=(), target_heads=every_head(target.cfg), m=0)
-        return SignalPolicy(name, cfg, target, draft, m=0, **kw)
+        return SignalPolicy(name, cfg, target, draft, **kw)
+    if name in ("draft-only", "target-only"):
+        draft_only = name == "draft-only"
+        cfg = replace(cfg, groups=(), draft_group=0, m=cfg.free if draft_only else 0,
+                      draft_heads=every_head(draft.cfg) if draft_only else (),
+                      target_heads=() if draft_only else every_head(target.cfg))
+        return SignalPolicy(name, cfg, target, draft, **kw)
     return {"streamingllm": StreamingPolicy, "quest": QuestPolicy, "oracle": OraclePolicy}[name](
         cfg, target, draft, **kw)

@@ -1,4 +1,5 @@
-"""The sparse-verification configuration: budget, sinks, window, draft share m and the retrieval heads.
+"""The sparse-verification configuration: budget, sinks, window, draft share m and the retrieval heads,
+for all target layers at once or per contiguous group of layers.
 
 The runtime never reads a profile artifact itself: `dustin_profile.Profile.to_sparse_config` turns
 one into a `SparseConfig` (with `scale_m`, the one rule for m at another budget), and
@@ -22,12 +23,27 @@ DRAFT_KV = ("full", "verify-set")  # what the draft attends while drafting
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """Target layers [start, the next group's start) verified over one set per sequence, chosen by
+    this group's retrieval heads (any layer of either model) and draft share m."""
+
+    start: int
+    m: int = 0
+    draft_heads: tuple[Head, ...] = ()
+    target_heads: tuple[Head, ...] = ()
+
+
+@dataclass(frozen=True)
 class SparseConfig:
     """Verification set of S = `budget` context rows per sequence: [0, sinks) + the last `window`
     rows + top-`m` by the draft signal + the rest by the target signal. `aggregation` reduces the
     retrieval heads' softmax over heads, queries and layers ("sum" or "max"). `draft_kv`: the draft
     attends its whole cache while drafting ("full"), or only the latest verification set, the
-    rows committed since and this step's drafts ("verify-set")."""
+    rows committed since and this step's drafts ("verify-set").
+
+    `groups` (two or more, starts ascending from 0) split the target's layers, each group with its
+    own heads, m and set (then `m` is 0 and `draft_heads` / `target_heads` are empty); the draft
+    drafts over the set of group `draft_group`. `layer_groups` is the one view of both forms."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -39,6 +55,8 @@ class SparseConfig:
     page_size: int = QUEST_PAGE
     draft_kv: str = "full"
     source: str = ""  # where it came from (a profile path, "all heads", ...), for records
+    groups: tuple[LayerGroup, ...] = ()
+    draft_group: int = 0
 
     def __post_init__(self):
         if self.sinks < 0 or self.window < 0:
@@ -46,32 +64,61 @@ class SparseConfig:
         if self.budget < self.sinks + self.window or self.budget <= 0:
             raise DustinError(f"budget {self.budget} is smaller than sinks + window "
                               f"({self.sinks} + {self.window}); give --budget >= {max(1, self.sinks + self.window)}")
-        if not 0 <= self.m <= self.free:
-            raise DustinError(f"m = {self.m} is outside [0, budget - sinks - window = {self.free}]")
+        if self.groups:
+            starts = [g.start for g in self.groups]
+            if len(starts) < 2 or starts[0] != 0 or starts != sorted(set(starts)):
+                raise DustinError(f"layer groups must be two or more with starts ascending from 0, got {starts}")
+            if self.m or self.draft_heads or self.target_heads:
+                raise DustinError("with layer groups, m and the retrieval heads belong to the groups")
+        if not 0 <= self.draft_group < len(self.layer_groups):
+            raise DustinError(f"draft group {self.draft_group} is not one of the {len(self.layer_groups)} groups")
+        for g in self.layer_groups:
+            if not 0 <= g.m <= self.free:
+                raise DustinError(f"m = {g.m} is outside [0, budget - sinks - window = {self.free}]")
         if self.aggregation not in ("sum", "max"):
             raise DustinError(f"aggregation must be 'sum' or 'max', got {self.aggregation!r}")
         if self.page_size < 1:
             raise DustinError("page size must be >= 1")
         if self.draft_kv not in DRAFT_KV:
             raise DustinError(f"draft KV must be one of {', '.join(DRAFT_KV)}, got {self.draft_kv!r}")
-        for h in self.draft_heads + self.target_heads:
-            if len(h) != 3 or not h[2]:
-                raise DustinError(f"retrieval head {h} must be (layer, kv_head, non-empty query_heads)")
+        for g in self.layer_groups:
+            for h in g.draft_heads + g.target_heads:
+                if len(h) != 3 or not h[2]:
+                    raise DustinError(f"retrieval head {h} must be (layer, kv_head, non-empty query_heads)")
 
     @property
     def free(self) -> int:
         """Rows chosen by the signals: budget - sinks - window."""
         return self.budget - self.sinks - self.window
 
+    @property
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        """The groups, or the one group of every layer (the top-level m and heads)."""
+        return self.groups or (LayerGroup(0, self.m, self.draft_heads, self.target_heads),)
+
+    def group_of(self, num_layers: int) -> list[int]:
+        """[num_layers] the group index of each target layer."""
+        starts = [g.start for g in self.layer_groups]
+        return [sum(s <= layer for s in starts) - 1 for layer in range(num_layers)]
+
     def with_budget(self, budget: int, m: int | None = None) -> SparseConfig:
-        """The same heads at another budget; m scaled to keep its share of the free rows unless given."""
+        """The same heads at another budget; each m scaled to keep its share of the free rows unless
+        given (one group)."""
+        new_free = budget - self.sinks - self.window
+        if self.groups:
+            return replace(self, budget=budget, groups=tuple(
+                replace(g, m=scale_m(g.m, self.free, new_free)) for g in self.groups))
         if m is None:
-            m = scale_m(self.m, self.free, budget - self.sinks - self.window)
+            m = scale_m(self.m, self.free, new_free)
         return replace(self, budget=budget, m=m)
 
     def check_models(self, target: ModelConfig, draft: ModelConfig) -> None:
-        """Refuse heads outside the models' shapes, or query heads outside their KV head's group."""
-        for who, heads, cfg in (("draft", self.draft_heads, draft), ("target", self.target_heads, target)):
+        """Refuse heads outside the models' shapes, query heads outside their KV head's group, or
+        layer groups past the target's layers."""
+        if self.layer_groups[-1].start >= target.num_layers:
+            raise DustinError(f"layer group starting at layer {self.layer_groups[-1].start} is past the target's "
+                              f"{target.num_layers} layers")
+        for who, heads, cfg in (("draft", self.all_draft_heads, draft), ("target", self.all_target_heads, target)):
             for layer, kv, qh in heads:
                 if not (0 <= layer < cfg.num_layers and 0 <= kv < cfg.num_kv_heads):
                     raise DustinError(f"{who} retrieval head (layer {layer}, KV head {kv}) is outside the "
@@ -80,6 +127,15 @@ class SparseConfig:
                 if bad:
                     raise DustinError(f"{who} retrieval head (layer {layer}, KV head {kv}): query heads {bad} "
                                       f"do not use KV head {kv}")
+
+    @property
+    def all_draft_heads(self) -> tuple[Head, ...]:
+        """Every group's draft heads (repeats kept: each group scores its own)."""
+        return tuple(h for g in self.layer_groups for h in g.draft_heads)
+
+    @property
+    def all_target_heads(self) -> tuple[Head, ...]:
+        return tuple(h for g in self.layer_groups for h in g.target_heads)
 
     @classmethod
     def all_heads(

@@ -91,22 +91,25 @@ def _top(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor
 
 
 def select_indices_ref(primary, secondary, cache_lens, *, budget, sinks, window, m):
-    """Reference of `select_indices`: [B, budget] int32, sorted ascending, -1 padded."""
+    """Reference of `select_indices`: [B, budget] int32, sorted ascending, -1 padded; m an int or
+    a [B] tensor (one m per row, clamped to [0, budget - sinks - window])."""
     B = primary.shape[0]
     dev = primary.device
+    free = budget - sinks - window
     out = torch.full((B, budget), -1, dtype=torch.int32, device=dev)
     for b in range(B):
         L = int(cache_lens[b])
         if L <= budget:
             out[b, :L] = torch.arange(L, dtype=torch.int32, device=dev)
             continue
-        m_b = m if secondary is not None else budget - sinks - window
+        m_b = min(max(int(m[b]), 0), free) if isinstance(m, torch.Tensor) else m
+        m_b = m_b if secondary is not None else free
         middle = torch.arange(sinks, L - window, device=dev)
         first = _top(primary[b].float(), middle, m_b)
         taken = torch.zeros(L, dtype=torch.bool, device=dev)
         taken[first] = True
         rest = middle[~taken[middle]]
-        second = _top(secondary[b].float(), rest, budget - sinks - window - m_b) if secondary is not None else rest[:0]
+        second = _top(secondary[b].float(), rest, free - m_b) if secondary is not None else rest[:0]
         chosen = torch.cat([torch.arange(sinks, device=dev), torch.arange(L - window, L, device=dev), first, second])
         out[b] = torch.sort(chosen).values.to(torch.int32)
     return out

@@ -247,6 +247,8 @@ CASES = {
     "profile-positions-0": ([*PROF, "--positions", "0"], ["--positions"]),
     "profile-max-heads-0": ([*PROF, "--max-heads", "0"], ["--max-heads"]),
     "profile-m-points-0": ([*PROF, "--m-points", "0"], ["--m-points"]),
+    "profile-max-groups-0": ([*PROF, "--max-groups", "0"], ["--max-groups"]),
+    "profile-heldout-windows-negative": ([*PROF, "--heldout-windows", "-1"], ["--heldout-windows"]),
     "profile-epsilon-negative": ([*PROF, "--epsilon", "-1"], ["--epsilon must be"]),
     "profile-epsilon-nan": ([*PROF, "--epsilon", "nan"], ["--epsilon must be"]),
     "profile-retrieval-weight": ([*PROF, "--retrieval-weight", "1.5"], ["--retrieval-weight"]),
@@ -353,6 +355,7 @@ CASES = {
     "bench-decode-without-gpu": (["bench", "decode"], ["needs a CUDA GPU"]),
     "bench-decode-batch-0": (["bench", "decode", "--batch", "0"], ["--batch"]),
     "bench-attention-without-gpu": (["bench", "attention"], ["needs a CUDA GPU"]),
+    "bench-attention-groups-0": (["bench", "attention", "--groups", "0"], ["--groups: 0 is below 1"]),
 }
 
 

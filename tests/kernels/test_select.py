@@ -168,3 +168,51 @@ def test_gpu_barrier_launcher(B, N, distinct, with_secondary):
     out = torch.full((B, 512), -7, dtype=torch.int32, device="cuda")
     _select_barrier(p, s, cl, out, 512, 16, 64, m1, 512 - 80 - m1)
     assert torch.equal(out, ref)
+
+
+# ---- one m per row ([B] int32 on the device) ----
+
+# (N_max, lens, budget, sinks, window, m per row, programs_per_row): m at 0, at the free rows, out
+# of range (clamped), rows shorter than the budget, odd lengths, P not a power of two
+ROW_CASES = [
+    (300, [300, 64, 299, 65, 250], 64, 4, 8, [0, 9, 52, 30, 77], 3),
+    (257, [257, 200, 131], 37, 0, 0, [37, -5, 1], 2),
+    (90, [90, 61, 89, 60], 20, 1, 1, [5, 18, 0, 7], 1),
+]
+
+
+@pytest.mark.parametrize("case", ROW_CASES)
+@pytest.mark.parametrize("distinct", [True, False])
+def test_per_row_m_matches_reference_and_scalar_rows(case, distinct):
+    """Both launchers with a per-row m equal the reference, and each row equals the scalar-m
+    selection at that row's (clamped) m."""
+    from dustin_kernels.select import _select_barrier, _select_ticket, _ticket_plan
+
+    N, lens, budget, sinks, window, ms, P = case
+    dev = _device()
+    gen = torch.Generator().manual_seed(200 + ROW_CASES.index(case))
+    B, free = len(lens), budget - sinks - window
+    p, s = _scores(B, N, gen, distinct).to(dev), _scores(B, N, gen, distinct).to(dev)
+    cl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    m_row = torch.tensor(ms, dtype=torch.int32, device=dev)
+    ref = select_indices_ref(p, s, cl, budget=budget, sinks=sinks, window=window, m=m_row).cpu()
+    for b, mb in enumerate(ms):
+        one = select_indices_ref(p, s, cl, budget=budget, sinks=sinks, window=window, m=min(max(mb, 0), free))
+        assert torch.equal(ref[b], one[b].cpu())
+    got = select_indices(p, s, cl, budget=budget, sinks=sinks, window=window, m=m_row, block=64)
+    assert torch.equal(got.cpu(), ref)
+    ticket = torch.full((B, budget), -7, dtype=torch.int32, device=dev)
+    plan = _ticket_plan(B, N, budget, sinks, window, 0, free, torch.device(dev), programs_per_row=P)
+    _select_ticket(p, s, cl, ticket, budget, sinks, window, 0, free, plan, m_row=m_row)
+    barrier = torch.full((B, budget), -7, dtype=torch.int32, device=dev)
+    _select_barrier(p, s, cl, barrier, budget, sinks, window, 0, free, block=64, m_row=m_row)
+    assert torch.equal(ticket.cpu(), ref) and torch.equal(barrier.cpu(), ref)
+
+
+def test_per_row_m_is_checked():
+    p = torch.randn(2, 50)
+    cl = torch.tensor([50, 40], dtype=torch.int32)
+    with pytest.raises(KernelArgumentError, match="per-row m"):
+        select_indices(p, p, cl, budget=10, sinks=1, window=1, m=torch.tensor([1, 2]))
+    with pytest.raises(KernelArgumentError, match="per-row m"):
+        select_indices(p, p, cl, budget=10, sinks=1, window=1, m=torch.tensor([1], dtype=torch.int32))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dustin_profile.artifact import HeadChoice, ModelInfo, Profile, load_profile
+from dustin_profile.artifact import GroupChoice, HeadChoice, ModelInfo, Profile, load_profile
 from dustin_runtime.errors import DustinError
 
 INFO = ModelInfo("m", "c", "t", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
@@ -65,3 +65,53 @@ def test_round_trip_and_atomic_save(tmp_path):
     p = profile()
     path = p.save(tmp_path / "sub" / "p.json")
     assert load_profile(path) == p and [f.name for f in path.parent.iterdir()] == ["p.json"]
+
+
+def grouped(**kw):
+    g0 = GroupChoice(0, 1, 100, {256: 40}, (HeadChoice(0, 1, (2, 3)),), (HeadChoice(1, 0, (0, 1)),), 0.8)
+    g1 = GroupChoice(1, 2, 0, {}, (), (HeadChoice(0, 1, (2, 3)), HeadChoice(1, 1, (2,))), 0.9)
+    return profile(groups=(g0, g1), draft_group=1, **kw)
+
+
+def test_layer_groups_to_sparse_config_and_round_trip(tmp_path):
+    p = grouped()
+    assert p.arr_layers == pytest.approx(0.85) and profile().arr_layers == 0.9
+    cfg = p.to_sparse_config()
+    assert (cfg.m, cfg.draft_heads, cfg.target_heads, cfg.draft_group) == (0, (), (), 1)
+    g0, g1 = cfg.layer_groups
+    assert (g0.start, g0.m, g0.draft_heads, g0.target_heads) == (0, 100, ((0, 1, (2, 3)),), ((1, 0, (0, 1)),))
+    assert (g1.start, g1.m, g1.target_heads) == (1, 0, ((0, 1, (2, 3)), (1, 1, (2,))))
+    assert cfg.group_of(2) == [0, 1]
+    assert [g.m for g in p.to_sparse_config(256).layer_groups] == [40, 0]  # calibrated at that budget
+    assert [g.m for g in p.to_sparse_config(1024).layer_groups] == [cfg.with_budget(1024).layer_groups[0].m, 0]
+    path = p.save(tmp_path / "g.json")
+    assert load_profile(path) == p
+
+
+def test_schema_1_loads_unchanged(tmp_path):
+    d = profile().to_dict()
+    for k in ("groups", "draft_group", "heldout"):
+        d.pop(k)
+    (tmp_path / "v1.json").write_text(json.dumps({**d, "schema_version": 1}))
+    p = load_profile(tmp_path / "v1.json")
+    assert p.schema_version == 1 and p.groups == () and p.to_sparse_config() == profile().to_sparse_config()
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d["groups"][1].update(start=0), "must be two or more contiguous ranges"),
+    (lambda d: d["groups"][1].update(stop=3), "must be two or more contiguous ranges"),
+    (lambda d: d["groups"].pop(), "must be two or more contiguous ranges"),
+    (lambda d: d["groups"][0].update(m=500), "group 0: m = 500 is outside"),
+    (lambda d: d["groups"][1]["target_heads"].append({"layer": 2, "kv_head": 0, "query_heads": [0]}),
+     "outside the model's 2 layers"),
+    (lambda d: d.update(draft_group=2), "draft_group 2 is not one of"),
+    (lambda d: d["groups"][0].pop("arr"), "group 0: missing field(s) arr"),
+    (lambda d: d.update(schema_version=3), "reads 1, 2"),
+])
+def test_bad_layer_groups_refused(tmp_path, change, needle):
+    d = json.loads(grouped().to_json())
+    change(d)
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(DustinError) as e:
+        load_profile(tmp_path / "p.json")
+    assert needle in str(e.value) and "\n" not in str(e.value)

@@ -3,6 +3,7 @@
 import io
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -38,7 +39,7 @@ def test_artifact_tables_plots_and_round_trip(first):
     assert prof.target.num_layers == 2 and prof.draft.num_layers == 1 and prof.draft.num_kv_heads == 1
     assert 1 <= len(prof.draft_heads) + len(prof.target_heads) <= 3
     assert set(prof.m_by_budget) == {24, 48, 96} and prof.m_by_budget[48] == prof.m
-    assert set(prof.arr_baselines) == {"streamingllm", "draft-only", "target-only", "quest", "oracle"}
+    assert set(prof.arr_baselines) == {"streamingllm", "draft-only", "target-only", "quest", "oracle", "layer-oracle"}
     assert 0 < prof.arr <= prof.arr_baselines["oracle"] + 1e-6
     assert prof.calibration["context"] == 160 and len(prof.calibration["windows"]) == 2
     assert 0 < prof.online_cost["share"] < 1
@@ -62,6 +63,33 @@ def test_resume_and_determinism(first, models, calib_text, tmp_path):
         assert p.calibration["sha256"] == res.profile.calibration["sha256"]
     other_seed = run_profile(replace(cfg, out=str(tmp_path / "s.json"), seed=1, windows=1), console=quiet())
     assert other_seed.profile.calibration["sha256"] != res.profile.calibration["sha256"]
+
+
+def test_layer_groups_and_heldout_windows(first, tmp_path):
+    """--max-groups and --heldout-windows: the calibration windows (resumed) and the single set are
+    those of the run without them; the held-out window is recorded and scored, dynamic m with it."""
+    import shutil
+
+    cfg, res = first
+    shutil.copytree(Path(res.path).with_suffix(".work"), tmp_path / "g.work", ignore=shutil.ignore_patterns(".lock"))
+    g = run_profile(replace(cfg, out=str(tmp_path / "g.json"), max_groups=2, heldout=1), console=quiet())
+    assert g.recorded == 1  # the held-out window only
+    p, q = g.profile, res.profile
+    assert (p.draft_heads, p.target_heads, p.m, p.arr) == (q.draft_heads, q.target_heads, q.m, q.arr)
+    assert p.calibration["sha256"] == q.calibration["sha256"] and len(p.heldout["windows"]) == 1
+    trials = p.calibration["search"]["groups"]["trials"]
+    assert [t["groups"] for t in trials] == [1, 2] and trials[0]["arr"] == pytest.approx(p.arr)
+    assert [(x.start, x.stop) for x in p.groups] == [(0, 1), (1, 2)]  # 2 target layers: one group each
+    assert p.arr_layers == pytest.approx(trials[1]["arr"]) and p.arr_layers > p.arr
+    cfg_rt = p.to_sparse_config()
+    assert [x.start for x in cfg_rt.layer_groups] == [0, 1] and cfg_rt.draft_group == p.draft_group
+    assert p.online_cost["groups"] == 2
+    held = p.heldout
+    assert held["passes"] == 2 and {"dustin", "dustin (groups)", "oracle", "layer-oracle"} <= set(held["arr"])
+    for r in held["dynamic_m"]["rules"]:
+        assert r["heldout_select_indices"] == pytest.approx(r["heldout"], abs=1e-6)
+    assert (tmp_path / p.tables["groups"]).stat().st_size > 0 and (tmp_path / p.tables["plot_groups"]).is_file()
+    assert load_profile(g.path) == p
 
 
 def test_retrieval_windows_are_appended_and_resumed(first, tmp_path):
@@ -113,7 +141,7 @@ def test_retrieval_pass_weights():
     def rec(P=3, N=8):
         return {"lengths": torch.full((P,), N), "attn": torch.rand(P, N),
                 "draft": torch.rand(1, P, N), "target": torch.rand(2, P, N), "layer_attn": torch.rand(P, 2, N),
-                "quest": torch.rand(P, 2, 1)}
+                "quest": torch.rand(P, 2, 1), "confidence": torch.rand(P, 3)}
 
     recs = [rec(), rec(), rec()]
     plain = stack_windows(recs, (8,))
@@ -128,3 +156,4 @@ def test_retrieval_pass_weights():
     ft = stack_windows(recs, (8,), retrieval=1, retrieval_weight=0.6, facts=[(2, 6)])
     assert torch.equal(ft.attn[6], torch.tensor([0, 0, 0.25, 0.25, 0.25, 0.25, 0, 0]))
     assert torch.equal(ft.attn[:6], st.attn[:6]) and torch.equal(st.attn[6], recs[2]["attn"][0])  # inputs untouched
+    assert torch.equal(ft.layer_attn[6, 1], ft.attn[6]) and torch.equal(ft.layer_attn[:6], st.layer_attn[:6])
