@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.model import Transformer
@@ -91,7 +93,7 @@ def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamm
             rec = {"book": win.book, "window": win.index, "start": win.start, "context": context,
                    "eval_tokens": eval_tokens, "gamma": gamma, "policy": r.policy, "budget": r.budget,
                    "nll": res.nll[0], "tokens": res.tokens[0], "ppl": math.exp(res.nll[0] / res.tokens[0]),
-                   "policy_stats": res.extra}
+                   "policy_stats": res.extra, "nll_by_offset": res.nll_by_offset[0]}
             if isinstance(res.extra.get("arr"), (int, float)):
                 rec["arr"] = res.extra["arr"]
             append_jsonl(path, rec)
@@ -99,9 +101,28 @@ def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamm
                 on_record(rec)
 
 
+def _by_offset(recs: list[dict], ref: list[dict]) -> dict:
+    """Perplexity ratios per window offset (records that carry `nll_by_offset`, paired with full's)."""
+    pairs = [(r["nll_by_offset"], f["nll_by_offset"]) for r, f in zip(recs, ref, strict=True)
+             if r.get("nll_by_offset") and f.get("nll_by_offset")]
+    if not pairs:
+        return {}
+    w = len(pairs[0][0])
+    per = [r["tokens"] // w for r in recs[: len(pairs)]]  # scored tokens per offset of each window
+    by = [round(ppl_ratio(np.array([a[i] for a, _ in pairs]), np.array(per), np.array([b[i] for _, b in pairs]),
+                          np.array(per)), 5) for i in range(w)]
+    last, lo, hi = bootstrap(ppl_ratio, [a[-1] for a, _ in pairs], per, [b[-1] for _, b in pairs], per)
+    return {"ppl_ratio_by_offset": by, "ppl_ratio_last": round(last, 5), "ppl_ratio_last_lo": round(lo, 5),
+            "ppl_ratio_last_hi": round(hi, 5)}
+
+
 def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: int, models: dict) -> list[dict]:
     """Per policy and budget: perplexity over all scored tokens, its ratio to full's on the same
-    windows and ARR, with 95% bootstrap intervals over the windows (`dustin_eval.intervals`)."""
+    windows and ARR, with 95% bootstrap intervals over the windows (`dustin_eval.intervals`).
+
+    Also the ratio at each offset of the gamma + 1 window queries (`ppl_ratio_by_offset`) and, with
+    an interval, at the last (`ppl_ratio_last`): a set chosen from the whole window's queries (the
+    oracle's) has seen the true tokens the earlier offsets predict, never the last offset's."""
     recs = repair_jsonl(path)
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
@@ -120,6 +141,7 @@ def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: 
             ratio, lo, hi = bootstrap(ppl_ratio, [r["nll"] for r in common], [r["tokens"] for r in common],
                                       [f["nll"] for f in ref], [f["tokens"] for f in ref])
             row["ppl_ratio"], row["ppl_ratio_lo"], row["ppl_ratio_hi"] = round(ratio, 5), round(lo, 5), round(hi, 5)
+            row.update(_by_offset(common, ref))
         arr = [r["arr"] for r in rs if "arr" in r]
         if arr:
             value, lo, hi = bootstrap(mean, arr)

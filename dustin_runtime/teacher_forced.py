@@ -23,12 +23,15 @@ from dustin_runtime.speculative import SpecHooks
 
 @dataclass
 class TeacherForcedResult:
-    """Summed negative log-likelihood (nats) and scored tokens per sequence, for one policy."""
+    """Summed negative log-likelihood (nats) and scored tokens per sequence, for one policy;
+    `nll_by_offset[b][i]`: the part of nll[b] scored at offset i of the gamma + 1 window queries
+    (offset gamma predicts the token after the window: no query of the window has seen it)."""
 
     nll: list[float]
     tokens: list[int]
     windows: int
     extra: dict = field(default_factory=dict)
+    nll_by_offset: list[list[float]] = field(default_factory=list)
 
 
 def _copy(cache: KVCache) -> KVCache:
@@ -81,7 +84,8 @@ def teacher_forced_nll(
         res = _run_one(target, draft, sequences, context, gamma, h or SpecHooks(), _copy(tbase),
                        None if dbase is None else _copy(dbase), shared, base)
         extra = {k: v[:asked] if isinstance(v, list) and len(v) == B else v for k, v in res.extra.items()}
-        results.append(TeacherForcedResult(res.nll[:asked], res.tokens[:asked], res.windows, extra))
+        results.append(TeacherForcedResult(res.nll[:asked], res.tokens[:asked], res.windows, extra,
+                                           res.nll_by_offset[:asked]))
     return results[0] if single else results
 
 
@@ -98,7 +102,7 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
         prefill(draft, dcache, prompts[rows], d_backend, tail=tail, start=shared)
     hooks.after_prefill()
     ids = torch.tensor(sequences, device=device)  # [B, total]
-    nll = torch.zeros(B, dtype=torch.float64, device=device)
+    nll = torch.zeros(B, gamma + 1, dtype=torch.float64, device=device)  # [B, w] by window offset
     count, windows, p = 0, 0, context - 1  # position of `cur`
     w = gamma + 1
     while p + w < total:
@@ -113,7 +117,7 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
         logits = target(window, tcache, t_backend, phase="verify")  # [B, w, V]
         targets = ids[:, p + 1 : p + 1 + w]
         lp = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        nll -= lp.sum(1).double()
+        nll -= lp.double()
         count += w
         advance = torch.full((B,), w, dtype=torch.int32, device=device)
         tcache.advance(advance)
@@ -122,4 +126,4 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
         hooks.after_verify(torch.full((B,), w - 1, device=device), advance)
         windows += 1
         p += w
-    return TeacherForcedResult(nll.cpu().tolist(), [count] * B, windows, hooks.summary())
+    return TeacherForcedResult(nll.sum(1).cpu().tolist(), [count] * B, windows, hooks.summary(), nll.cpu().tolist())

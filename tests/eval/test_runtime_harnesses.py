@@ -58,3 +58,31 @@ def test_passkey_runner_writes_heatmap(tmp_path, char_tokenizer, tiny_pair):
                        out_dir=tmp_path / "pk", models={}, max_new_tokens=4)
     assert {r["depth"] for r in rows} == {0.0, 1.0} and all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
     assert (tmp_path / "pk" / "passkey-full.png").stat().st_size > 1000
+
+
+def test_pg19_ratio_by_window_offset(tmp_path, char_tokenizer, tiny_pair):
+    """Per-offset ratios: all 1 for full, and the pooled ratio is their geometric mean (every offset
+    scores the same number of tokens per window)."""
+    import math
+
+    from dustin_runtime.policies import make_policy
+    from dustin_runtime.sparse import SparseConfig
+
+    target, draft = tiny_pair
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(3):
+        (books / f"b{i}.txt").write_text(("It was the best of times, it was the worst of times. " * 40)[i:])
+    cfg = SparseConfig(budget=24, sinks=2, window=6)
+    runs = [PolicyRun("full", None), PolicyRun("streamingllm", 24)]
+    hooks = {None: lambda: None, 24: lambda: make_policy("streamingllm", cfg, target=target, draft=draft)}
+    rows = run_pg19(target, draft, char_tokenizer, books_dir=books, context=160, eval_tokens=31, gamma=4,
+                    runs=runs, make_hooks=lambda r: hooks[r.budget](), windows=3, out_dir=tmp_path / "out",
+                    models={})
+    full, sl = rows
+    assert full["ppl_ratio_by_offset"] == [1.0] * 5 and full["ppl_ratio_last"] == 1.0
+    by = sl["ppl_ratio_by_offset"]
+    assert len(by) == 5 and sl["ppl_ratio"] != 1.0
+    assert abs(math.exp(sum(math.log(r) for r in by) / 5) - sl["ppl_ratio"]) < 1e-4
+    assert sl["ppl_ratio_last_lo"] <= sl["ppl_ratio_last"] <= sl["ppl_ratio_last_hi"]
+    assert sl["ppl_ratio_last"] == by[-1]

@@ -162,3 +162,5 @@ def test_teacher_forced_full_equals_one_forward(pair):
     assert res.tokens == [25, 25] and res.windows == 5  # 27 tokens after the context: 5 whole windows
     for b in range(2):
         assert abs(res.nll[b] + lp[b].sum().item()) < 1e-3
+        by_offset = -lp[b].view(5, 5).sum(0)  # [windows, offset] -> per offset of the 5 window queries
+        assert torch.allclose(torch.tensor(res.nll_by_offset[b], dtype=torch.float32), by_offset, atol=1e-3)
