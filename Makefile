@@ -53,6 +53,12 @@ repro-acceptance: .stamp-install
 		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
 		--gamma 4 --budgets 128,256,512,1024 --threads 1 --name smollm2-draft
 
+# The evaluations with power (16 windows x 1024 scored tokens, 8 windows x 256 new tokens, 4k and 8k,
+# S = 512, 95% intervals) on a GPU: results/pg19-16x1024/, results/acceptance-8x256/.
+.PHONY: repro-evals-gpu
+repro-evals-gpu: .stamp-install
+	PY=$(PY) bash scripts/gpu_evals.sh
+
 # Verification sets across tensor-parallel ranks: shared vs per KV head, 3 CPU ranks (gloo), and one process
 TP_SELECTION = --target smollm2 --draft models/smollm2-draft --profile profiles/smollm2-draft.json --contexts 4096 \
 	--windows 3 --max-new-tokens 32 --budgets 256,512 --policies dustin --no-paired --out-dir results/tp-selection

@@ -619,6 +619,8 @@ def eval_pg19(
     eval_tokens: int = typer.Option(256, min=1, max=MAX_TOKENS,
                                     help="Tokens scored per window through verification windows."),
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book)."),
+    batch_size: int = typer.Option(8, min=1, max=MAX_COUNT,
+                                   help="Windows scored together (each its own sequence and set)."),
     gamma: Gamma = 4,
     sinks: Sinks = None,
     window: Window = None,
@@ -653,7 +655,8 @@ def eval_pg19(
             rows = run_pg19(tgt.model, drf.model, tgt.tokenizer, books_dir=books, context=context,
                             eval_tokens=eval_tokens, gamma=gamma, runs=list(plans), make_hooks=make, windows=windows,
                             out_dir=out_dir, models={"target": tgt.model_id, "draft": drf.model_id}, seed=seed,
-                            resume_key=key, restart=restart, on_record=lambda r: bar.advance(task))
+                            resume_key=key, restart=restart, on_record=lambda r: bar.advance(task),
+                            batch=batch_size)
     _print_rows(f"PG-19-style perplexity, context {context}", rows)
     console.print(f"wrote {out_dir}/pg19-{context}.{{json,csv,md,png}}")
 

@@ -55,8 +55,10 @@ def run_pg19(
     resume_key: Mapping | None = None,
     restart: bool = False,
     on_record: Callable[[dict], None] | None = None,
+    batch: int = 1,
 ) -> list[dict]:
-    """Score `windows` windows (one per book) under every run; returns the summary rows.
+    """Score `windows` windows (one per book) under every run, `batch` windows at a time (one
+    sequence each of the batch: each has its own set); returns the summary rows.
 
     `resume_key`: what else changes the records (the models, dtype, device and, under "runs", each
     run's settings: `plan.run_identity`, `plan.runs_key`); the records of `out_dir` are resumed only
@@ -75,26 +77,42 @@ def run_pg19(
                "books": sorted(p.name for p in book_paths(books_dir)), **dict(resume_key or {})}
         check_resume_key(out_dir / f"records-{context}.key.json", key, (path,), restart=restart, where=str(path))
         _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
-               seed, on_record)
+               seed, on_record, batch)
         return summarize(path, out_dir, context, eval_tokens, gamma, models)
 
 
 def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
-           seed, on_record) -> None:
+           seed, on_record, batch) -> None:
     done = {(r["book"], r["window"], r["policy"], r["budget"]) for r in repair_jsonl(path)}
+    pending: list[tuple] = []  # windows with the same runs to do, scored as one batch
     for win in iter_windows(tokenizer, books_dir, context + eval_tokens, seed=seed, max_windows=windows,
                             max_windows_per_book=1):
         todo = [r for r in runs if (win.book, win.index, r.policy, r.budget) not in done]
         if not todo:
             continue
-        results = teacher_forced_nll(target, draft, [win.ids], context, gamma=gamma,
-                                     hooks=[make_hooks(r) for r in todo])
-        for r, res in zip(todo, results, strict=True):
+        if pending and (todo != pending[0][1] or len(pending) == batch):
+            _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks, path, on_record)
+            pending = []
+        pending.append((win, todo))
+    if pending:
+        _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks, path, on_record)
+
+
+def _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks, path, on_record) -> None:
+    """One batch of windows (same runs to do) through every run; one record per window and run."""
+    wins, todo = [w for w, _ in pending], pending[0][1]
+    results = teacher_forced_nll(target, draft, [w.ids for w in wins], context, gamma=gamma,
+                                 hooks=[make_hooks(r) for r in todo])
+    for r, res in zip(todo, results, strict=True):
+        for b, win in enumerate(wins):
+            stats = {k: v[b] if isinstance(v, list) and len(v) == len(wins) else v for k, v in res.extra.items()}
             rec = {"book": win.book, "window": win.index, "start": win.start, "context": context,
                    "eval_tokens": eval_tokens, "gamma": gamma, "policy": r.policy, "budget": r.budget,
-                   "nll": res.nll[0], "tokens": res.tokens[0], "ppl": math.exp(res.nll[0] / res.tokens[0]),
-                   "policy_stats": res.extra, "nll_by_offset": res.nll_by_offset[0]}
-            if isinstance(res.extra.get("arr"), (int, float)):
+                   "nll": res.nll[b], "tokens": res.tokens[b], "ppl": math.exp(res.nll[b] / res.tokens[b]),
+                   "policy_stats": stats, "nll_by_offset": res.nll_by_offset[b]}
+            if isinstance(res.extra.get("arr_per_sequence"), list):
+                rec["arr"] = res.extra["arr_per_sequence"][b]
+            elif isinstance(res.extra.get("arr"), (int, float)):
                 rec["arr"] = res.extra["arr"]
             append_jsonl(path, rec)
             if on_record is not None:

@@ -53,7 +53,8 @@ def teacher_forced_nll(
     first `context` of equal-length sequences, in whole windows: [cur, t_1..t_gamma] is verified
     and t_1..t_gamma+1 scored, so floor((len - context) / (gamma + 1)) * (gamma + 1) tokens are
     scored (a partial last window would leave a policy's lookahead slots unfilled). The draft (if
-    any) runs the same tokens so policies get their lookahead signals."""
+    any) runs the same tokens so policies get their lookahead signals; it is skipped for a policy
+    that wraps no draft backend (nothing of its passes is read)."""
     single = not isinstance(hooks, list)
     runs = [hooks] if single else hooks
     if len({len(s) for s in sequences}) != 1:
@@ -95,6 +96,8 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
     hooks.setup(tcache, dcache, gamma)  # first: the backends a policy wraps depend on its setup
     t_backend = hooks.target_backend(base)
     d_backend = hooks.draft_backend(base) if draft is not None else None
+    if d_backend is base:  # the policy reads nothing of the draft's passes: its tokens are the true ones anyway
+        draft = None
     prompts = [s[:context] for s in sequences]
     tail = hooks.prefill_tail(gamma)
     prefill(target, tcache, prompts, t_backend, tail=tail, start=shared)

@@ -86,3 +86,8 @@ def test_pg19_ratio_by_window_offset(tmp_path, char_tokenizer, tiny_pair):
     assert abs(math.exp(sum(math.log(r) for r in by) / 5) - sl["ppl_ratio"]) < 1e-4
     assert sl["ppl_ratio_last_lo"] <= sl["ppl_ratio_last"] <= sl["ppl_ratio_last_hi"]
     assert sl["ppl_ratio_last"] == by[-1]
+    batched = run_pg19(target, draft, char_tokenizer, books_dir=books, context=160, eval_tokens=31, gamma=4,
+                       runs=runs, make_hooks=lambda r: hooks[r.budget](), windows=3, out_dir=tmp_path / "out2",
+                       models={}, batch=2)  # windows 0-1 as one batch, window 2 alone
+    for a, b in zip(rows, batched, strict=True):
+        assert a["tokens"] == b["tokens"] and abs(a["ppl"] / b["ppl"] - 1) < 1e-4
