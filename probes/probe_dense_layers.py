@@ -19,6 +19,7 @@ from dustin_eval.pg19 import iter_windows
 from dustin_profile.artifact import load_profile
 from dustin_runtime.pipeline import load_pair
 from dustin_runtime.policies import make_policy
+from dustin_runtime.provenance import provenance
 from dustin_runtime.teacher_forced import teacher_forced_nll
 
 
@@ -64,7 +65,8 @@ def main(out: str, windows: int = 8, context: int = 4096, eval_tokens: int = 256
         rows.append({"policy": name, "ppl": math.exp(sum(r.nll) / sum(r.tokens)), "ppl_ratio": v,
                      "lo": lo, "hi": hi})
         print(f"{name:28s} ppl ratio {v:.4f} [{lo:.4f}, {hi:.4f}]", flush=True)
-    json.dump({"windows": windows, "context": context, "eval_tokens": eval_tokens, "books": [w.book for w in wins],
+    json.dump({"provenance": provenance(models={"target": "smollm2", "draft": "models/smollm2-draft"}),
+               "windows": windows, "context": context, "eval_tokens": eval_tokens, "books": [w.book for w in wins],
                "rows": rows}, open(out, "w"), indent=1)
 
 
