@@ -39,6 +39,18 @@ bench-e2e: .stamp-install
 bench-decode: .stamp-install
 	$(PY) -m dustin.cli bench decode --config qwen2.5-7b --random-weights --batch 16 --context 32768 --hf-baseline
 
+# The 72B shape tensor parallel: 2 GPUs at 32k and 8k, batch 8 (results/bench/e2e-qwen2.5-72b-*-8-tp2*.json;
+# gamma 6 / 8 and quest: the same with --gamma 6 / 8, --policies ar,quest), and the 4-GPU headline run.
+TP_E2E = -m dustin.cli bench e2e --target qwen2.5-72b --draft qwen2.5-0.5b --gamma 4 --budget 512 \
+	--acceptance geometric:0.8 --alphas 0.6,0.7,0.9
+.PHONY: bench-e2e-tp2 bench-e2e-tp4
+bench-e2e-tp2: .stamp-install
+	$(PY) -m torch.distributed.run --nproc-per-node 2 $(TP_E2E) --tp 2 --batch 8,8 --context 32768,8192 \
+		--policies ar,full,dustin,streamingllm,dustin-vs
+bench-e2e-tp4: .stamp-install
+	$(PY) -m torch.distributed.run --nproc-per-node 4 $(TP_E2E) --tp 4 --batch 16,8 --context 32768,8192 \
+		--policies ar,full,dustin,streamingllm,quest,dustin-vs
+
 # Attention kernels vs copy bandwidth and SDPA, one JSON per shape x context x batch (S = 512)
 bench-attention: .stamp-install
 	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b,qwen2.5-7b --context 8192,16384,32768,65536 --batch 1,16,32
