@@ -65,6 +65,9 @@ AllHeads = Annotated[bool, typer.Option("--all-heads", help="dustin without a pr
 DraftKV = Annotated[str | None, typer.Option("--draft-kv", help="What the draft attends while drafting: full (its "
                                              "whole cache) or verify-set (the latest verification set, the rows "
                                              "since and its drafts). Default: the profile's, else full.")]
+RefreshLayers = Annotated[str, typer.Option("--refresh-layers", help="dustin: target layers (comma-separated) at "
+                                            "which the verification pass chooses the set again from that layer's "
+                                            "current queries (every KV head); later layers attend it.")]
 MeasureArr = Annotated[bool, typer.Option("--measure-arr/--no-arr", help="Also record ARR (the share of the true "
                                           "verification attention the set keeps; one more pass per step).")]
 Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
@@ -442,6 +445,7 @@ def decode(
     window: Window = None,
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
+    refresh_layers: RefreshLayers = "",
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
@@ -456,7 +460,7 @@ def decode(
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     prompts = pipeline.read_prompts(prompt, prompt_file, batch_file, max_new_tokens)
-    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv)
+    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers))
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
     group = _start_tp(tp, device, tp_select)
@@ -588,11 +592,17 @@ def _print_decode(out) -> None:
     console.print(t)
 
 
-def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None):
+def _layers(text: str) -> tuple[int, ...]:
+    """--refresh-layers: none when empty, else layer numbers >= 0."""
+    return tuple(_ints(text, "--refresh-layers", minimum=0)) if text.strip() else ()
+
+
+def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh=""):
     """Every policy run, checked before any model loads."""
     from dustin_eval.plan import plan_runs
 
-    return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads, draft_kv)
+    return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads, draft_kv,
+                     _layers(refresh))
 
 
 def _bind(plans, tgt, drf, measure_arr: bool, group=None):
@@ -626,6 +636,7 @@ def eval_pg19(
     window: Window = None,
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
+    refresh_layers: RefreshLayers = "",
     measure_arr: MeasureArr = True,
     seed: Seed = 0,
     dtype: Dtype = "auto",
@@ -643,7 +654,7 @@ def eval_pg19(
     from dustin_eval.pg19_eval import run_pg19
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     books = data or gutenberg_split("eval")
     book_paths(books)  # refuses a folder without books before the models load
     group = _start_tp(tp, device, tp_select)
@@ -677,6 +688,7 @@ def eval_passkey(
     window: Window = None,
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
+    refresh_layers: RefreshLayers = "",
     filler: Path | None = typer.Option(None, help="Folder of .txt books for the filler (default: gutenberg eval)."),
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -692,7 +704,7 @@ def eval_passkey(
     from dustin_eval.passkey_eval import run_passkey
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     ctx = _ints(contexts, "--contexts")
     try:
         dps = [float(d) for d in depths.split(",") if d.strip()]
@@ -737,6 +749,7 @@ def eval_longbench(
     window: Window = None,
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
+    refresh_layers: RefreshLayers = "",
     dtype: Dtype = "auto",
     device: Device = "auto",
     out_dir: OutDir = Path("results/longbench"),
@@ -753,7 +766,7 @@ def eval_longbench(
     from dustin_runtime.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     present = available_datasets(data)  # refuses a source that is neither a folder nor a dataset id
     if datasets:
         names = _names(datasets)

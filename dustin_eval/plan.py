@@ -64,6 +64,7 @@ class SparsePlan:
     profile: LoadedProfile | None = None
     all_heads: bool = False
     draft_kv: str | None = None  # None: the profile's (else "full")
+    refresh_layers: tuple[int, ...] = ()  # dustin: layers re-selecting the set inside the verification pass
 
     def config(self, target, draft, infos=None) -> SparseConfig | None:
         """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
@@ -82,6 +83,8 @@ class SparsePlan:
                                                  window=self.window), draft_kv=kv or "full")
         else:
             cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, draft_kv=kv or "full")
+        if self.refresh_layers:
+            cfg = replace(cfg, refresh_layers=self.refresh_layers)
         cfg.check_models(target.model.cfg, draft.model.cfg)
         return cfg
 
@@ -91,17 +94,22 @@ class SparsePlan:
             return {"policy": self.policy}
         # fields at their one-set defaults are left out: keys of records made before layer groups hold
         sparse = {k: v for k, v in asdict(cfg).items()
-                  if k != "source" and not (k in ("groups", "draft_group") and not v)}
+                  if k != "source" and not (k in ("groups", "draft_group", "refresh_layers") and not v)}
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
                 "profile": self.profile.content if self.profile else None}
 
 
 def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget: int | None, sinks: int | None,
-                window: int | None, all_heads: bool = False, draft_kv: str | None = None) -> SparsePlan:
+                window: int | None, all_heads: bool = False, draft_kv: str | None = None,
+                refresh_layers: Sequence[int] = ()) -> SparsePlan:
     """Check one run before any model loads: a known policy, retrieval heads where it needs them
     (a profile that holds some, or --all-heads), budget >= sinks + window, and a draft KV mode the
-    policy can draft over. Sinks, window and budget default to the profile's, else 4, 64 and 512;
-    draft_kv to the profile's, else full."""
+    policy can draft over; refresh layers only for dustin with one set. Sinks, window and budget
+    default to the profile's, else 4, 64 and 512; draft_kv to the profile's, else full."""
+    refresh_layers = tuple(refresh_layers)
+    if refresh_layers and policy != "dustin":
+        raise DustinError(f"--refresh-layers: policy {policy} has no set to choose again inside the verification "
+                          "pass (only dustin does)")
     if policy not in POLICIES:
         raise DustinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if draft_kv is not None and draft_kv not in DRAFT_KV:
@@ -119,9 +127,12 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
     if policy == "full":
         return SparsePlan(policy, None, sinks, window, profile, all_heads)
     budget = budget if budget is not None else prof.budget if prof else DEFAULT_BUDGET
-    cfg = SparseConfig(budget=budget, sinks=sinks, window=window)  # refuses budget < sinks + window
+    cfg = SparseConfig(budget=budget, sinks=sinks, window=window,  # refuses budget < sinks + window
+                       refresh_layers=refresh_layers)  # and refresh layers out of order
     if policy in HEAD_POLICIES and prof is not None:
         cfg = prof.to_sparse_config(budget, sinks, window)
+        if refresh_layers:
+            replace(cfg, refresh_layers=refresh_layers)  # refuses them with layer groups
         missing = [who for g in cfg.layer_groups
                    for who, need, heads in (("draft", g.m > 0, g.draft_heads), ("target", g.m < cfg.free, g.target_heads))
                    if need and not heads]
@@ -132,22 +143,26 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         if missing:
             raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads (in a layer group), but at budget "
                               f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
-    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv)
+    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv, refresh_layers)
 
 
 def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Path | None, sinks: int | None,
-              window: int | None, all_heads: bool = False, draft_kv: str | None = None) -> dict[PolicyRun, SparsePlan]:
+              window: int | None, all_heads: bool = False, draft_kv: str | None = None,
+              refresh_layers: Sequence[int] = ()) -> dict[PolicyRun, SparsePlan]:
     """Every policy at every budget (full once, without a budget), each checked before any model
-    loads; the profile is read once."""
+    loads; the profile is read once; refresh layers apply to the dustin runs."""
     if not policies:
         raise DustinError("no policy given")
+    if refresh_layers and "dustin" not in policies:
+        raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
     loaded = read_profile(profile) if profile is not None else None
     runs = [PolicyRun(p, None) if p == "full" else PolicyRun(p, b)
             for p in policies for b in ([None] if p == "full" else budgets)]
     if not runs:
         raise DustinError("no budget given")
     return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads,
-                           None if r.policy in ("full", "quest") else draft_kv) for r in dict.fromkeys(runs)}
+                           None if r.policy in ("full", "quest") else draft_kv,
+                           refresh_layers if r.policy == "dustin" else ()) for r in dict.fromkeys(runs)}
 
 
 def sparse_configs(plans: dict, target, draft) -> dict:

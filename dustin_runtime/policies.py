@@ -360,13 +360,20 @@ class SignalPolicy(SparsePolicy):
         super().__init__(cfg, target, draft, **kw)
         self.name = name
         self.layer_group = cfg.group_of(target.cfg.num_layers)  # [Lt] group of each target layer
-        self.layer_sets = len(cfg.layer_groups) > 1
+        self.layer_sets = len(cfg.layer_groups) > 1 or bool(cfg.refresh_layers)
 
     def allocate(self, batch, max_len, device):
         self.groups = [GroupSignals(g, self, batch, max_len, device) for g in self.cfg.layer_groups]
         self.lookaheads = [g.lookahead for g in self.groups if g.lookahead is not None]
         one = self.groups[self.cfg.draft_group]
         self.indices, self.draft_score, self.history, self.m = one.indices, one.draft_score, one.history, one.m
+        t = self.target.cfg
+        self.refresh = {}  # refresh layer -> the scorer of every KV head of that layer (this rank's under TP)
+        for layer in self.cfg.refresh_layers:
+            heads = tuple((layer, g, tuple(range(g * t.n_rep, (g + 1) * t.n_rep))) for g in range(t.num_kv_heads))
+            self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops)
+        self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
+                        if self.refresh else None)
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.lookaheads or self.draft_set is not None else default
@@ -387,6 +394,14 @@ class SignalPolicy(SparsePolicy):
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
             if g.target_signal is not None:
                 g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
+        scorer = self.refresh.get(layer)
+        if scorer is not None:  # the set again, from this layer's current queries: this and later layers attend it
+            c = self.cfg
+            scorer.score(layer, q, cache.k[layer], ctx.start, self.current)
+            if self.tp is not None and not self.per_rank:
+                self.tp.all_reduce_(self.current, op=c.aggregation)
+            self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
+                                    window=c.window, m=c.free)
 
     def select(self, lens):
         for g in self.groups:

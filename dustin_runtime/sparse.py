@@ -43,7 +43,12 @@ class SparseConfig:
 
     `groups` (two or more, starts ascending from 0) split the target's layers, each group with its
     own heads, m and set (then `m` is 0 and `draft_heads` / `target_heads` are empty); the draft
-    drafts over the set of group `draft_group`. `layer_groups` is the one view of both forms."""
+    drafts over the set of group `draft_group`. `layer_groups` is the one view of both forms.
+
+    `refresh_layers` (one set only): target layers at which the verification pass chooses the set
+    again, from the current queries of every KV head of that layer (scored as the pass reaches it);
+    that layer and the following ones attend the new set, the earlier ones the set chosen before
+    the pass. Each refresh reads one layer's keys."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -57,6 +62,7 @@ class SparseConfig:
     source: str = ""  # where it came from (a profile path, "all heads", ...), for records
     groups: tuple[LayerGroup, ...] = ()
     draft_group: int = 0
+    refresh_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.sinks < 0 or self.window < 0:
@@ -70,6 +76,12 @@ class SparseConfig:
                 raise DustinError(f"layer groups must be two or more with starts ascending from 0, got {starts}")
             if self.m or self.draft_heads or self.target_heads:
                 raise DustinError("with layer groups, m and the retrieval heads belong to the groups")
+        if self.refresh_layers:
+            r = list(self.refresh_layers)
+            if r != sorted(set(r)) or r[0] < 0:
+                raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
+            if self.groups:
+                raise DustinError("refresh layers re-select one set: they cannot be combined with layer groups")
         if not 0 <= self.draft_group < len(self.layer_groups):
             raise DustinError(f"draft group {self.draft_group} is not one of the {len(self.layer_groups)} groups")
         for g in self.layer_groups:
@@ -115,6 +127,9 @@ class SparseConfig:
     def check_models(self, target: ModelConfig, draft: ModelConfig) -> None:
         """Refuse heads outside the models' shapes, query heads outside their KV head's group, or
         layer groups past the target's layers."""
+        if self.refresh_layers and self.refresh_layers[-1] >= target.num_layers:
+            raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {target.num_layers} "
+                              f"layers (0..{target.num_layers - 1})")
         if self.layer_groups[-1].start >= target.num_layers:
             raise DustinError(f"layer group starting at layer {self.layer_groups[-1].start} is past the target's "
                               f"{target.num_layers} layers")

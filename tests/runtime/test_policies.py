@@ -350,3 +350,61 @@ def test_layer_group_configs_refused(pair):
     headless = SparseConfig(budget=24, sinks=2, window=6, groups=(g, LayerGroup(1, 5, (), g.target_heads)))
     with pytest.raises(DustinError, match="needs retrieval heads"):
         make_policy("dustin", headless, target=target, draft=draft)
+
+
+def test_refresh_layer_reselects_from_the_current_queries(pair):
+    """With a refresh layer, the layers before it attend the set chosen before the pass, and it (and
+    any later layer) attends select_indices of the current verification queries' attention over
+    every KV head of that layer (reference scores), which differs from the pre-pass set at times."""
+    from dataclasses import replace
+
+    from dustin_kernels import select_indices_ref, srh_scores_ref
+
+    target, draft = pair
+    cfg = replace(config(target, draft, budget=24), refresh_layers=(1,))
+    hooks = make_policy("dustin", cfg, target=target, draft=draft)
+    hooks.trace = []
+    before, wanted = [], []
+    inner_before, inner_observe = hooks.before_verify, hooks.observe_verify
+
+    def before_verify():
+        inner_before()
+        before.append(hooks.indices.clone())
+
+    def observe_verify(layer, q, cache, ctx):
+        inner_observe(layer, q, cache, ctx)
+        if layer == 1:
+            c, t = hooks.cfg, target.cfg
+            heads = torch.arange(t.num_heads, dtype=torch.int32) // t.n_rep
+            score = srh_scores_ref(q, heads, cache.k[1], ctx.start, reduce="sum")
+            wanted.append(select_indices_ref(score, None, ctx.start, budget=24, sinks=c.sinks, window=c.window,
+                                             m=c.free))
+
+    hooks.before_verify, hooks.observe_verify = before_verify, observe_verify
+    out = speculative_generate(target, draft, PROMPTS, MAX_NEW, gamma=3, hooks=hooks)
+    assert hooks.layer_sets and len(hooks.trace) == 2 * out.stats.steps == 2 * len(before) == 2 * len(wanted)
+    for i, (layer, _, idx) in enumerate(hooks.trace):
+        assert layer == i % 2 and torch.equal(idx, (before if layer == 0 else wanted)[i // 2])
+    assert any(not torch.equal(a, b) for a, b in zip(before, wanted, strict=True))
+
+
+def test_refresh_layers_at_a_covering_budget_give_full_tokens(pair):
+    from dataclasses import replace
+
+    target, draft = pair
+    full, _ = run(pair, "full", None)
+    out, _ = run(pair, "dustin", replace(config(target, draft, budget=128), refresh_layers=(0, 1)), measure_arr=True)
+    assert out.tokens == full.tokens and out.stats.extra["arr"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_refresh_layer_configs_refused(pair):
+    from dataclasses import replace
+
+    target, draft = pair
+    cfg = config(target, draft, budget=24)
+    with pytest.raises(DustinError, match="ascending"):
+        replace(cfg, refresh_layers=(1, 0))
+    with pytest.raises(DustinError, match="past the target's 2 layers"):
+        make_policy("dustin", replace(cfg, refresh_layers=(2,)), target=target, draft=draft)
+    with pytest.raises(DustinError, match="layer groups"):
+        replace(grouped_config(target, draft), refresh_layers=(1,))

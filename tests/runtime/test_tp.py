@@ -80,6 +80,19 @@ def test_tp_layer_groups_equal_one_process(tp_run, models, draft_kv):
         assert out["arr"] == pytest.approx(ref["arr"], abs=1e-6)
 
 
+def test_tp_refresh_layer_equals_one_process(tp_run, models):
+    """A refresh layer scores every KV head of that layer on the rank that owns it; the sum over
+    ranks gives one process's per-layer sets, tokens and ARR on every rank."""
+    kw = dict(target=models["llama3"], draft=models["draft"], prompts=PROMPTS, policy="dustin", max_new=12,
+              **DUSTIN, refresh_layers=[1], trace=True, measure_arr=True)
+    ref = tp_run.one("spec", **kw)
+    assert {layer for layer, _, _ in ref["sets"]} == {0, 1}
+    for out in tp_run.case("spec", 2, **kw):
+        assert out["tokens"] == ref["tokens"] and out["accepted"] == ref["accepted"]
+        assert out["sets"] == ref["sets"]
+        assert out["arr"] == pytest.approx(ref["arr"], abs=1e-6)
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_tp_sampling_equals_one_process(tp_run, models, top_p):
     """Sampled autoregressive and speculative decoding draw what one process draws (the same noise,
