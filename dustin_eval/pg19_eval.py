@@ -18,6 +18,7 @@ import numpy as np
 
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, check_resume_key
+from dustin_runtime.measures import PER_SEQUENCE
 from dustin_runtime.model import Transformer
 from dustin_runtime.provenance import provenance
 from dustin_runtime.speculative import SpecHooks
@@ -105,7 +106,7 @@ def _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks
                                  hooks=[make_hooks(r) for r in todo])
     for r, res in zip(todo, results, strict=True):
         for b, win in enumerate(wins):
-            stats = {k: v[b] if isinstance(v, list) and len(v) == len(wins) else v for k, v in res.extra.items()}
+            stats = {k: v[b] if k.endswith(PER_SEQUENCE) else v for k, v in res.extra.items()}
             rec = {"book": win.book, "window": win.index, "start": win.start, "context": context,
                    "eval_tokens": eval_tokens, "gamma": gamma, "policy": r.policy, "budget": r.budget,
                    "nll": res.nll[b], "tokens": res.tokens[b], "ppl": math.exp(res.nll[b] / res.tokens[b]),
@@ -121,12 +122,12 @@ def _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks
 
 def _by_offset(recs: list[dict], ref: list[dict]) -> dict:
     """Perplexity ratios per window offset (records that carry `nll_by_offset`, paired with full's)."""
-    pairs = [(r["nll_by_offset"], f["nll_by_offset"]) for r, f in zip(recs, ref, strict=True)
-             if r.get("nll_by_offset") and f.get("nll_by_offset")]
-    if not pairs:
+    both = [(r, f) for r, f in zip(recs, ref, strict=True) if r.get("nll_by_offset") and f.get("nll_by_offset")]
+    if not both:
         return {}
+    pairs = [(r["nll_by_offset"], f["nll_by_offset"]) for r, f in both]
     w = len(pairs[0][0])
-    per = [r["tokens"] // w for r in recs[: len(pairs)]]  # scored tokens per offset of each window
+    per = [r["tokens"] // w for r, _ in both]  # scored tokens per offset of each window
     by = [round(ppl_ratio(np.array([a[i] for a, _ in pairs]), np.array(per), np.array([b[i] for _, b in pairs]),
                           np.array(per)), 5) for i in range(w)]
     last, lo, hi = bootstrap(ppl_ratio, [a[-1] for a, _ in pairs], per, [b[-1] for _, b in pairs], per)

@@ -20,6 +20,8 @@ import torch
 from dustin_runtime.attention import AttentionBackend
 from dustin_runtime.recovery import context_attention, recovery
 
+PER_SEQUENCE = "_per_sequence"  # suffix of the summary statistics that hold one value per sequence ([B] lists)
+
 
 def attention_probs(
     q: torch.Tensor,  # [B, H, M, D]
@@ -104,8 +106,8 @@ class ArrMeter:
         total, count = self.total.cpu(), self.count.cpu()
         per = (total / count.clamp_min(1)).tolist()
         arr = float((total.sum() / count.sum().clamp_min(1)).clamp(0.0, 1.0))
-        return {"arr": arr, "arr_per_sequence": [min(max(a, 0.0), 1.0) for a in per],
-                "arr_steps_per_sequence": count.long().tolist()}
+        return {"arr": arr, "arr" + PER_SEQUENCE: [min(max(a, 0.0), 1.0) for a in per],
+                "arr_steps" + PER_SEQUENCE: count.long().tolist()}
 
 
 class PairedAcceptance:
@@ -143,5 +145,5 @@ class PairedAcceptance:
         accepted count)."""
         f, p, s, c = (x.sum().item() for x in (self.sum_full, self.sum_policy, self.same, self.count))
         return {"full_tau": f / max(c, 1), "paired_retention": p / f if f else 0.0, "agree": s / max(c, 1),
-                "paired_policy_per_sequence": self.sum_policy.cpu().tolist(),
-                "paired_full_per_sequence": self.sum_full.cpu().tolist()}
+                "paired_policy" + PER_SEQUENCE: self.sum_policy.cpu().tolist(),
+                "paired_full" + PER_SEQUENCE: self.sum_full.cpu().tolist()}

@@ -36,6 +36,7 @@ from dustin_runtime.generate import (
     use_graphs,
 )
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.measures import PER_SEQUENCE
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import (
     SamplingConfig,
@@ -208,7 +209,7 @@ def speculative_generate(
     tokens, reasons = loop.book.results(max_new)
     seconds.update(timer.totals())
     seconds["total"] = time.perf_counter() - t0
-    extra = {k: v[:asked] if isinstance(v, list) and len(v) == B else v for k, v in hooks.summary().items()}
+    extra = {k: v[:asked] if k.endswith(PER_SEQUENCE) else v for k, v in hooks.summary().items()}
     stats = DecodeStats(
         mode="speculative",
         batch=asked,

@@ -17,6 +17,7 @@ from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import prefill
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.measures import PER_SEQUENCE
 from dustin_runtime.model import Transformer
 from dustin_runtime.speculative import SpecHooks
 
@@ -84,7 +85,7 @@ def teacher_forced_nll(
     for h in runs:
         res = _run_one(target, draft, sequences, context, gamma, h or SpecHooks(), _copy(tbase),
                        None if dbase is None else _copy(dbase), shared, base)
-        extra = {k: v[:asked] if isinstance(v, list) and len(v) == B else v for k, v in res.extra.items()}
+        extra = {k: v[:asked] if k.endswith(PER_SEQUENCE) else v for k, v in res.extra.items()}
         results.append(TeacherForcedResult(res.nll[:asked], res.tokens[:asked], res.windows, extra,
                                            res.nll_by_offset[:asked]))
     return results[0] if single else results

@@ -10,3 +10,50 @@ from dustin_eval.timing import graph_ms
 def graph_us(fn: Callable[[int], object], n: int = 24) -> float:
     """Median per-call time (us) of fn(0..n-1) captured back to back in one CUDA graph."""
     return graph_ms([lambda i=i: fn(i) for i in range(n)])["median_ms"] * 1e3
+
+
+def smollm2_windows(windows: int, context: int, eval_tokens: int):
+    """The perplexity probes' setup on the CPU: the embedded SmolLM2 pair, the committed profile's
+    config at S = 512 and the pg19 harness's first `windows` eval windows."""
+    import torch
+
+    from dustin_eval.corpus import gutenberg_split
+    from dustin_eval.pg19 import iter_windows
+    from dustin_profile.artifact import load_profile
+    from dustin_runtime.pipeline import load_pair
+
+    torch.set_num_threads(2)
+    t, d = load_pair("smollm2", "models/smollm2-draft", dtype=torch.float32, device="cpu")
+    cfg = load_profile("profiles/smollm2-draft.json").to_sparse_config(512)
+    wins = list(iter_windows(t.tokenizer, gutenberg_split("eval"), context + eval_tokens, max_windows=windows,
+                             max_windows_per_book=1))
+    return t.model, d.model, cfg, wins
+
+
+def report_set_ppl(out: str, target, draft, wins, context: int, variants, **record) -> None:
+    """Teacher-forced NLL of `wins` under every (name, hooks) of `variants` (the first is full
+    attention), printed and written to `out` as each one's perplexity ratio to the first, overall
+    and at the last window offset, with 95% bootstrap intervals over windows."""
+    import json
+    import math
+
+    import numpy as np
+
+    from dustin_eval.intervals import bootstrap, ppl_ratio
+    from dustin_runtime.provenance import provenance
+    from dustin_runtime.teacher_forced import teacher_forced_nll
+
+    res = teacher_forced_nll(target, draft, [w.ids for w in wins], context, gamma=4, hooks=[h for _, h in variants])
+    full, rows = res[0], []
+    per = np.array(full.tokens) // 5  # tokens per window offset
+    for (name, _), r in zip(variants, res, strict=True):
+        v, lo, hi = bootstrap(ppl_ratio, r.nll, r.tokens, full.nll, full.tokens)
+        last = bootstrap(ppl_ratio, [a[-1] for a in r.nll_by_offset], per, [b[-1] for b in full.nll_by_offset], per)
+        rows.append({"policy": name, "ppl": math.exp(sum(r.nll) / sum(r.tokens)), "ppl_ratio": [v, lo, hi],
+                     "ppl_ratio_last": list(last)})
+        print(f"{name[:70]:70s} ppl ratio {v:.4f} [{lo:.4f}, {hi:.4f}]  last offset {last[0]:.4f} "
+              f"[{last[1]:.4f}, {last[2]:.4f}]", flush=True)
+    with open(out, "w") as f:
+        json.dump({"provenance": provenance(models={"target": "smollm2", "draft": "models/smollm2-draft"}),
+                   "windows": len(wins), "context": context, "books": [w.book for w in wins], **record,
+                   "rows": rows}, f, indent=1)

@@ -9,24 +9,14 @@ window offset, on the pg19-harness windows (CPU).
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from dataclasses import replace
 
-import numpy as np
-import torch
+from common import report_set_ppl, smollm2_windows
 
-from dustin_eval.corpus import gutenberg_split
-from dustin_eval.intervals import bootstrap, ppl_ratio
-from dustin_eval.pg19 import iter_windows
-from dustin_profile.artifact import load_profile
-from dustin_runtime.pipeline import load_pair
 from dustin_runtime.policies import make_policy
-from dustin_runtime.provenance import provenance
 from dustin_runtime.signals import normalise_
 from dustin_runtime.sparse import every_head
-from dustin_runtime.teacher_forced import teacher_forced_nll
 
 
 def refresh_at(policy, r: int):
@@ -47,31 +37,14 @@ def refresh_at(policy, r: int):
 
 
 def main(out: str, windows: int = 8, context: int = 4096, eval_tokens: int = 256, *rs: int) -> None:
-    torch.set_num_threads(2)
-    t, d = load_pair("smollm2", "models/smollm2-draft", dtype=torch.float32, device="cpu")
-    cfg = load_profile("profiles/smollm2-draft.json").to_sparse_config(512)
-    wins = list(iter_windows(t.tokenizer, gutenberg_split("eval"), context + eval_tokens, max_windows=windows,
-                             max_windows_per_book=1))
-    early = replace(cfg, target_heads=tuple(h for h in every_head(t.model.cfg) if h[0] <= 3))
-    variants = [("full", None), ("dustin", make_policy("dustin", cfg, target=t.model, draft=d.model))]
-    for r in rs or (3,):
-        variants.append((f"dustin, in-pass at layer {r} (profile heads)",
-                         refresh_at(make_policy("dustin", cfg, target=t.model, draft=d.model), r)))
+    t, d, cfg, wins = smollm2_windows(windows, context, eval_tokens)
+    early = replace(cfg, target_heads=tuple(h for h in every_head(t.cfg) if h[0] <= 3))
+    variants = [("full", None), ("dustin", make_policy("dustin", cfg, target=t, draft=d))]
+    variants += [(f"dustin, in-pass at layer {r} (profile heads)",
+                  refresh_at(make_policy("dustin", cfg, target=t, draft=d), r)) for r in rs or (3,)]
     variants.append(("dustin, in-pass at layer 3 (every KV head of layers 0-3)",
-                     refresh_at(make_policy("dustin", early, target=t.model, draft=d.model), 3)))
-    res = teacher_forced_nll(t.model, d.model, [w.ids for w in wins], context, gamma=4, hooks=[h for _, h in variants])
-    full, rows = res[0], []
-    per = np.array(full.tokens) // 5
-    for (name, _), r in zip(variants, res, strict=True):
-        v, lo, hi = bootstrap(ppl_ratio, r.nll, r.tokens, full.nll, full.tokens)
-        last = bootstrap(ppl_ratio, [a[4] for a in r.nll_by_offset], per, [b[4] for b in full.nll_by_offset], per)
-        rows.append({"policy": name, "ppl": math.exp(sum(r.nll) / sum(r.tokens)), "ppl_ratio": [v, lo, hi],
-                     "ppl_ratio_last": list(last)})
-        print(f"{name:60s} ppl ratio {v:.4f} [{lo:.4f}, {hi:.4f}]  last offset {last[0]:.4f} "
-              f"[{last[1]:.4f}, {last[2]:.4f}]", flush=True)
-    json.dump({"provenance": provenance(models={"target": "smollm2", "draft": "models/smollm2-draft"}),
-               "windows": windows, "context": context, "eval_tokens": eval_tokens, "budget": 512,
-               "books": [w.book for w in wins], "rows": rows}, open(out, "w"), indent=1)
+                     refresh_at(make_policy("dustin", early, target=t, draft=d), 3)))
+    report_set_ppl(out, t, d, wins, context, variants, eval_tokens=eval_tokens, budget=512)
 
 
 if __name__ == "__main__":

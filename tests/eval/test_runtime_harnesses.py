@@ -91,3 +91,29 @@ def test_pg19_ratio_by_window_offset(tmp_path, char_tokenizer, tiny_pair):
                        models={}, batch=2)  # windows 0-1 as one batch, window 2 alone
     for a, b in zip(rows, batched, strict=True):
         assert a["tokens"] == b["tokens"] and abs(a["ppl"] / b["ppl"] - 1) < 1e-4
+
+
+def test_pg19_batch_keeps_lists_that_are_not_per_sequence(tmp_path, char_tokenizer, tiny_pair):
+    """A batch of 2 windows through a policy with 2 layer groups: each record gets its own window's
+    ARR, and the policy's 2-entry group list stays whole (it is not one value per sequence)."""
+    from dustin_runtime.policies import make_policy
+    from dustin_runtime.sparse import LayerGroup, SparseConfig, every_head
+
+    target, draft = tiny_pair
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(2):
+        (books / f"b{i}.txt").write_text(("So it goes, and so on, and so forth. " * 40)[i:])
+    heads = every_head(target.cfg)
+    cfg = SparseConfig(budget=24, sinks=2, window=6, groups=tuple(
+        LayerGroup(layer, 0, (), tuple(h for h in heads if h[0] == layer)) for layer in range(2)))
+    seen = []
+    run_pg19(target, draft, char_tokenizer, books_dir=books, context=160, eval_tokens=31, gamma=4,
+             runs=[PolicyRun("full", None), PolicyRun("dustin", 24)], windows=2, out_dir=tmp_path / "out",
+             models={}, batch=2, on_record=seen.append,
+             make_hooks=lambda r: r.budget and make_policy("dustin", cfg, target=target, draft=draft, measure_arr=True))
+    seen = [r for r in seen if r["policy"] == "dustin"]
+    assert len(seen) == 2 and all(r["policy_stats"]["groups"] == [{"start": 0, "m": 0}, {"start": 1, "m": 0}]
+                                  for r in seen)
+    assert [r["arr"] for r in seen] == [r["policy_stats"]["arr_per_sequence"] for r in seen]
+    assert seen[0]["arr"] != seen[1]["arr"]
