@@ -235,7 +235,11 @@ def bench_e2e(
     policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest", "dustin-vs")),
                                  help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
                                       "streamingllm, quest; -vs: drafting over the verification set "
-                                      "(dustin-vs, streamingllm-vs); comma-separated."),
+                                      "(dustin-vs, streamingllm-vs); -r: dustin with --refresh-layers "
+                                      "(dustin-r, dustin-vs-r); comma-separated."),
+    refresh_layers: str = typer.Option("", "--refresh-layers",
+                                       help="Target layers (comma-separated) at which the -r policies choose "
+                                            "the set again inside the verification pass."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),
     new_tokens: NewTokens = 64,
@@ -251,6 +255,8 @@ def bench_e2e(
 ) -> None:
     """The decoding loop users run (CUDA graphs), end to end per policy, beside vanilla and standard
     speculative decoding in the same process: ms per step, tokens/s, phases, floors, speedups."""
+    from dataclasses import replace
+
     from rich.table import Table
 
     from dustin_eval import bench_e2e as be
@@ -266,11 +272,15 @@ def bench_e2e(
     pairs = list(zip(bs * n if len(bs) == 1 else bs, cs * n if len(cs) == 1 else cs, strict=True))
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     command = "dustin " + " ".join(sys.argv[1:])
+    cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
+                         policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
+                         m=m, alphas=al, refresh_layers=_layers(refresh_layers)) for b, c in pairs]
+    for cfg in cfgs:  # every run checked before a GPU is touched
+        cfg.check()
     group = _start_tp(tp, "cuda", tp_select)
-    for b, c in pairs:
-        cfg = be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
-                           policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh,
-                           draft_srh=draft_srh, m=m, alphas=al, tp=1 if group is None else group.world)
+    for cfg in cfgs:
+        b, c = cfg.batch, cfg.context
+        cfg = replace(cfg, tp=1 if group is None else group.world)
         res = be.run_e2e(cfg, command, tp=group, on_record=lambda r: console.print(
             f"{r['policy']:>12}: {r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.0f} tok/s "
             f"(graph phases {r['graph_phase_sum_ms']:.2f} ms"
@@ -287,6 +297,10 @@ def bench_e2e(
                       f"{r['byte_floor_ms']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['mean_accepted']:.2f}",
                       f"{s.get('speedup_vs_ar', float('nan')):.2f}x", f"{s.get('speedup_vs_full', float('nan')):.2f}x")
         console.print(t)
+        for name, s in res["summary"].items():
+            if "vs_no_refresh" in s:
+                console.print(f"{name} (refresh layers {res['sparse']['refresh_layers']}) vs "
+                              f"{name.removesuffix(be.REFRESH)}: {s['vs_no_refresh']:.3f}x tokens/s", highlight=False)
         console.print(f"wrote {path}")
 
 

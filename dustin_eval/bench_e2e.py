@@ -4,7 +4,9 @@ Each policy runs through `generate` / `speculative_generate`, the functions `dus
 with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive decoding), `full`
 (standard speculative decoding), `dustin`, `streamingllm`, `quest`; `dustin-vs` and
 `streamingllm-vs` draft over the verification set (`--draft-kv verify-set`) instead of the draft's
-whole cache. With preset shapes
+whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
+verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
+times dustin with and without refresh side by side. With preset shapes
 (`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
 on values; the position limit is raised to context + new tokens), the caches hold `context` random
 rows, and acceptance is replayed: random weights
@@ -46,7 +48,24 @@ from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 AR = "ar"
 SPARSE_DRAFT = "-vs"  # suffix: the policy with sparse drafting (the draft attends the verification set)
+REFRESH = "-r"  # suffix (after -vs): dustin with the config's refresh layers
 POLICIES = (AR, "full", "dustin", "streamingllm", "quest", "dustin-vs", "streamingllm-vs")
+REFRESH_POLICIES = ("dustin-r", "dustin-vs-r")  # with --refresh-layers only
+
+
+def split_policy(name: str) -> tuple[str, bool, bool]:
+    """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes)."""
+    refresh = name.endswith(REFRESH)
+    name = name.removesuffix(REFRESH)
+    sparse_draft = name.endswith(SPARSE_DRAFT)
+    return name.removesuffix(SPARSE_DRAFT), sparse_draft, refresh
+
+
+def preset_shape(name: str):
+    """The ModelConfig of a preset shape name (random weights), else None (a checkpoint)."""
+    from dustin_runtime.presets import ALIASES, PRESETS, preset
+
+    return preset(name) if name.lower() in set(PRESETS) | set(ALIASES) else None
 
 
 @dataclass(frozen=True)
@@ -71,13 +90,24 @@ class E2EConfig:
     phase_reps: int = 20
     seed: int = 0
     tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
+    refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
 
     def check(self) -> None:
-        bad = [p for p in self.policies if p not in POLICIES]
+        bad = [p for p in self.policies if p not in POLICIES + REFRESH_POLICIES]
         if bad:
-            raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(POLICIES)}")
+            raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(POLICIES + REFRESH_POLICIES)}")
         if not self.policies:
             raise DustinError("give at least one policy")
+        refreshed = [p for p in self.policies if split_policy(p)[2]]
+        if refreshed and not self.refresh_layers:
+            raise DustinError(f"policy {refreshed[0]} chooses the set again at refresh layers: give --refresh-layers")
+        if self.refresh_layers and not refreshed:
+            raise DustinError("--refresh-layers applies to the -r policies (dustin-r, dustin-vs-r), none of which "
+                              "is among the policies")
+        shape = preset_shape(self.target)
+        if shape is not None and self.refresh_layers and self.refresh_layers[-1] >= shape.num_layers:
+            raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {shape.num_layers} "
+                              f"layers (0..{shape.num_layers - 1}, {self.target})")
         for name, v in (("batch", self.batch), ("gamma", self.gamma), ("new tokens", self.new_tokens),
                         ("phase reps", self.phase_reps)):
             if v < 1:
@@ -86,7 +116,8 @@ class E2EConfig:
             raise DustinError(f"context {self.context} is too short for gamma {self.gamma}")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             raise DustinError(f"alphas must lie in [0, 1], got {list(self.alphas)}")
-        SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m)  # refuses bad sets
+        SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets
+                     refresh_layers=self.refresh_layers)  # and refresh layers out of order
 
 
 # ---------------------------------------------------------------- replayed acceptance
@@ -165,16 +196,16 @@ class Pair:
 def load_pair(cfg: E2EConfig, tp=None) -> Pair:
     """Random-weight models at preset shapes, or checkpoints with book-window prompts (under `tp`
     the target sharded, the draft replicated)."""
-    from dustin_runtime.presets import PRESETS, default_draft, preset
+    from dustin_runtime.presets import default_draft, preset
 
-    names = set(PRESETS)
-    if cfg.target.lower() in names or cfg.target.lower() in {"llama-3-8b", "llama-3-70b"}:
+    shape = preset_shape(cfg.target)
+    if shape is not None:
         from dustin_runtime.loader import random_model
 
         dname = cfg.draft or default_draft(cfg.target)
         rows = cfg.context + cfg.new_tokens + 2 * (cfg.gamma + 1) + 1  # positions the run reaches
         tcfg, dcfg = (replace(c, max_position_embeddings=max(c.max_position_embeddings, rows))
-                      for c in (preset(cfg.target), preset(dname)))
+                      for c in (shape, preset(dname)))
         t = random_model(tcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed, tp=tp).use_kernels()
         d = random_model(dcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed + 1).use_kernels()
         g = torch.Generator().manual_seed(cfg.seed)
@@ -226,8 +257,11 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     if policy == AR:
         pre = cfg.context - 1 if pair.random else None
         return generate(pair.target, pair.prompts, cfg.new_tokens, eos_ids=pair.eos, engine=eng, prefilled=pre)
-    if policy.endswith(SPARSE_DRAFT):
-        policy, scfg = policy.removesuffix(SPARSE_DRAFT), replace(scfg, draft_kv="verify-set")
+    policy, sparse_draft, refresh = split_policy(policy)
+    if sparse_draft:
+        scfg = replace(scfg, draft_kv="verify-set")
+    if refresh:
+        scfg = replace(scfg, refresh_layers=cfg.refresh_layers)
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
@@ -252,9 +286,10 @@ def time_phases(eng: Engine, reps: int) -> dict[str, float]:
 
 def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy_tbps: float) -> dict:
     """Bytes one step must read at least, and that over the copy bandwidth (ms): weights once per
-    forward, the KV rows each attention reads, the retrieval heads' keys. Under tensor parallelism
-    one rank's bytes: its shard of the target, its KV heads, its draft rows (the replicated draft's
-    weights whole), the retrieval heads of the rank holding the most."""
+    forward, the KV rows each attention reads, the retrieval heads' keys, and at each refresh layer
+    the keys of every KV head over the context. Under tensor parallelism one rank's bytes: its
+    shard of the target, its KV heads, its draft rows (the replicated draft's weights whole), the
+    retrieval heads of the rank holding the most."""
     from dustin_runtime.tp import local_heads
 
     t, d, tp = pair.target.cfg, pair.draft.cfg, pair.target.tp
@@ -267,8 +302,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     if policy == AR:
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
-    if policy.endswith(SPARSE_DRAFT):  # the draft reads the set, the commits and its drafts, not its cache
-        policy = policy.removesuffix(SPARSE_DRAFT)
+    policy, sparse_draft, refresh = split_policy(policy)
+    if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
         draft_step = M * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
     if policy == "full":
         target = w_t + B * L * kv_row_t
@@ -278,6 +313,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
             target += L * el * (B * srh * t.head_dim + B // P * len(scfg.draft_heads) * d.head_dim)
+        if refresh:  # every (local) KV head's keys of each refresh layer
+            target += len(cfg.refresh_layers) * B * L * (t.kv_size // P) * el
         if policy == "quest":  # min and max key per page of 16, every layer and KV head
             target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
     total = draft_step + target
@@ -315,13 +352,13 @@ def _record(policy: str, res, source: str, phases: dict[str, float], floor: dict
 def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
     """Every policy of `cfg` on one pair, one cache; returns the result record (`tp`: this rank's
     place in a tensor-parallel run of cfg.tp ranks)."""
+    cfg.check()
     if not torch.cuda.is_available():
         raise DustinError("dustin bench e2e needs a CUDA GPU")
     from dustin_eval.bench_attention import copy_bandwidth_tbps
     from dustin_eval.tp_cost import step_costs
     from dustin_runtime.provenance import environment
 
-    cfg.check()
     if cfg.batch % (tp.world if tp else 1):
         raise DustinError(f"--batch {cfg.batch} does not divide over --tp {tp.world} (the draft splits the batch)")
     copy = copy_bandwidth_tbps()["tbps"]
@@ -365,6 +402,9 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
             s["speedup_vs_ar"] = r["tokens_per_s"] / by[AR]["tokens_per_s"]
         if "full" in by:
             s["speedup_vs_full"] = r["tokens_per_s"] / by["full"]["tokens_per_s"]
+        plain = r["policy"].removesuffix(REFRESH)
+        if r["policy"] != plain and plain in by:  # the refresh's cost: tokens/s with it over without
+            s["vs_no_refresh"] = r["tokens_per_s"] / by[plain]["tokens_per_s"]
         summary[r["policy"]] = s
     out = {
         "benchmark": "e2e",
@@ -376,7 +416,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
                    "new_tokens": cfg.new_tokens, "capacity": eng.tcache.max_len},
         "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
                    "target_heads": [list(h[:2]) for h in scfg.target_heads],
-                   "draft_heads": [list(h[:2]) for h in scfg.draft_heads]},
+                   "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
+                   "refresh_layers": list(cfg.refresh_layers)},
         "copy_tbps": copy,
         "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
                                        "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),

@@ -365,6 +365,18 @@ CASES = {
     "bench-decode-batch-0": (["bench", "decode", "--batch", "0"], ["--batch"]),
     "bench-attention-without-gpu": (["bench", "attention"], ["needs a CUDA GPU"]),
     "bench-attention-groups-0": (["bench", "attention", "--groups", "0"], ["--groups: 0 is below 1"]),
+    "bench-e2e-without-gpu": (["bench", "e2e", "--policies", "full,dustin,dustin-r", "--refresh-layers", "9,18"],
+                              ["needs a CUDA GPU"]),
+    "bench-e2e-refresh-past-target": (["bench", "e2e", "--target", "qwen2.5-7b", "--policies", "dustin,dustin-r",
+                                       "--refresh-layers", "9,28"], ["refresh layer 28 is past the target's 28 layers"]),
+    "bench-e2e-refresh-descending": (["bench", "e2e", "--policies", "dustin-r", "--refresh-layers", "18,9"],
+                                     ["ascending order"]),
+    "bench-e2e-refresh-negative": (["bench", "e2e", "--policies", "dustin-r", "--refresh-layers", "-1"],
+                                   ["--refresh-layers: -1 is below 0"]),
+    "bench-e2e-refresh-missing": (["bench", "e2e", "--policies", "dustin,dustin-r"], ["give --refresh-layers"]),
+    "bench-e2e-refresh-no-r-policy": (["bench", "e2e", "--refresh-layers", "9"], ["applies to the -r policies"]),
+    "bench-e2e-refresh-streamingllm": (["bench", "e2e", "--policies", "streamingllm-r", "--refresh-layers", "9"],
+                                       ["unknown policies streamingllm-r"]),
 }
 
 

@@ -1,12 +1,29 @@
-"""`dustin bench e2e` parts that need no GPU: replayed acceptance counts and the byte floor."""
+"""`dustin bench e2e` parts that need no GPU: replayed acceptance counts, the byte floor, the
+refresh-layer policies' config and plumbing (eager, tiny random models)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-from dustin_eval.bench_e2e import E2EConfig, geometric_counts, recorded_counts, replay_counts
+from dustin_eval.bench_e2e import (
+    E2EConfig,
+    Pair,
+    _run,
+    byte_floor,
+    geometric_counts,
+    recorded_counts,
+    replay_counts,
+    sparse_config,
+    split_policy,
+)
+from dustin_runtime.config import ModelConfig
+from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
+from dustin_runtime.loader import random_model
+from dustin_runtime.policies import make_policy
+from dustin_runtime.speculative import speculative_generate
 
 
 def test_geometric_counts_follow_the_truncated_law():
@@ -66,3 +83,62 @@ def test_bad_geometric_spec(spec):
 def test_config_refuses_bad_settings(kw, match):
     with pytest.raises(DustinError, match=match):
         E2EConfig(**kw).check()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(policies=("dustin", "dustin-r")), "give --refresh-layers"),
+    (dict(policies=("dustin", "dustin-vs"), refresh_layers=(9,)), "applies to the -r policies"),
+    (dict(policies=("dustin-r",), refresh_layers=(9, 28)), "refresh layer 28 is past the target's 28 layers"),
+    (dict(policies=("dustin-r",), refresh_layers=(18, 9)), "ascending order"),
+    (dict(policies=("streamingllm-r",), refresh_layers=(9,)), "unknown policies"),
+])
+def test_config_refuses_bad_refresh_layers(kw, match):
+    with pytest.raises(DustinError, match=match):
+        E2EConfig(**kw).check()
+
+
+def test_refresh_layers_of_a_preset_within_its_layers_pass():
+    E2EConfig(policies=("full", "dustin", "dustin-r", "dustin-vs-r"), refresh_layers=(9, 27)).check()
+    assert split_policy("dustin-vs-r") == ("dustin", True, True)
+    assert split_policy("dustin-r") == ("dustin", False, True)
+    assert split_policy("streamingllm-vs") == ("streamingllm", True, False)
+    assert split_policy("ar") == ("ar", False, False)
+
+
+def tiny_pair(batch=2, seed=0):
+    """Random tiny models on the CPU (fp32) and real prompts of a few dozen tokens."""
+    t = ModelConfig("llama", 131, 64, 96, 3, 4, 2, 16, 512)
+    d = ModelConfig("llama", 131, 64, 96, 1, 4, 2, 16, 512)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 131, (40 + 7 * b,), generator=g).tolist() for b in range(batch)]
+    return Pair(random_model(t, dtype=torch.float32, device="cpu", seed=seed),
+                random_model(d, dtype=torch.float32, device="cpu", seed=seed + 1), "t", "d", False, prompts)
+
+
+@pytest.mark.parametrize("policy, refresh, draft_kv", [("dustin", (), "full"), ("dustin-r", (1,), "full"),
+                                                       ("dustin-vs-r", (1, 2), "verify-set")])
+def test_run_applies_refresh_layers_to_the_r_policies(policy, refresh, draft_kv):
+    cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=24, sinks=2, window=4, m=4,
+                    srh=2, draft_srh=1, new_tokens=6, policies=(policy,), refresh_layers=(1, 2) if refresh else ())
+    pair = tiny_pair()
+    scfg = sparse_config(cfg, pair)
+    eng = Engine(pair.target, pair.draft)
+    res = _run(pair, eng, policy, cfg, scfg, None)
+    hooks = eng.last.objs["hooks"]
+    assert hooks.cfg.refresh_layers == ((1, 2) if refresh else ()) and hooks.cfg.draft_kv == draft_kv
+    ref = make_policy("dustin", replace(scfg, refresh_layers=hooks.cfg.refresh_layers, draft_kv=draft_kv),
+                      target=pair.target, draft=pair.draft)
+    want = speculative_generate(pair.target, pair.draft, pair.prompts, 6, gamma=2, hooks=ref, cuda_graphs=False)
+    assert res.tokens == want.tokens and res.stats.accepted == want.stats.accepted
+
+
+def test_byte_floor_adds_the_keys_of_each_refresh_layer():
+    cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=24, sinks=2, window=4, m=4,
+                    srh=2, draft_srh=1, new_tokens=6, policies=("dustin", "dustin-r"), refresh_layers=(1, 2))
+    pair = tiny_pair()
+    scfg = sparse_config(cfg, pair)
+    plain, refreshed = (byte_floor(pair, p, cfg, scfg, 1.0) for p in ("dustin", "dustin-r"))
+    t = pair.target.cfg
+    assert refreshed["bytes"] - plain["bytes"] == 2 * cfg.batch * cfg.context * t.num_kv_heads * t.head_dim * 2
+    assert byte_floor(pair, "dustin-vs-r", cfg, scfg, 1.0)["bytes"] - byte_floor(pair, "dustin-vs", cfg, scfg, 1.0)[
+        "bytes"] == refreshed["bytes"] - plain["bytes"]

@@ -1,6 +1,7 @@
 """The decoding loop's CUDA graphs: greedy (and seeded sampled) outputs of the graph path equal the
-eager path token for token, for every policy, ragged prompts, batch 1 and 16, sequences finishing
-early; graphs are captured once per configuration and replayed by later calls."""
+eager path token for token, for every policy (dustin with refresh layers too), ragged prompts, batch
+1 and 16, sequences finishing early; graphs are captured once per configuration and replayed by
+later calls."""
 
 import pytest
 import torch
@@ -34,17 +35,21 @@ def prompts(batch, seed):
 
 
 def hooks(name, t, d, budget=64):
+    """The policy of a test name; -vs drafts over the verification set, -r refreshes the set at layer 1."""
     if name == "none":
         return None
+    refresh = (1,) if name.endswith("-r") else ()
+    name = name.removesuffix("-r")
     cfg = SparseConfig(budget=budget, sinks=4, window=16, m=16, draft_heads=((0, 1, (2, 3)),),
                        target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))),
-                       draft_kv="verify-set" if name.endswith("-vs") else "full")
+                       draft_kv="verify-set" if name.endswith("-vs") else "full", refresh_layers=refresh)
     name = name.removesuffix("-vs")
     return make_policy(name, None if name == "full" else cfg, target=t, draft=d)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
-@pytest.mark.parametrize("policy", ["none", "full", "dustin", "streamingllm", "quest", "dustin-vs"])
+@pytest.mark.parametrize("policy", ["none", "full", "dustin", "streamingllm", "quest", "dustin-vs", "dustin-r",
+                                    "dustin-vs-r"])
 def test_graph_path_equals_eager_path(pair, policy, batch):
     t, d = pair
     for call in range(2):  # the second call replays the graphs the first captured
@@ -109,3 +114,36 @@ def test_bench_e2e_small_shape(tmp_path):
     assert res["summary"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert len(res["alpha_sweep"]) == 2 * 6
     assert by["dustin-vs"]["byte_floor_ms"] < by["dustin"]["byte_floor_ms"]
+
+
+def test_refresh_in_the_captured_verify_graph_equals_eager(pair):
+    """The refresh re-selects inside the verify graph: replayed, it leaves the same last refreshed
+    sets as the eager path (the graph did not freeze the warm-up's set), call after call."""
+    t, d = pair
+    ps = prompts(8, seed=5)
+    h, e = hooks("dustin-r", t, d), hooks("dustin-r", t, d)
+    graph = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)
+    again = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)  # replays the captured graphs
+    eager = speculative_generate(t, d, ps, 24, gamma=4, hooks=e, cuda_graphs=False)
+    assert graph.stats.cuda_graphs and default_engine(t, d).last.objs["hooks"] is h
+    assert graph.tokens == again.tokens == eager.tokens and graph.stats.accepted == eager.stats.accepted
+    assert torch.equal(h.indices, e.indices) and torch.equal(h.current, e.current)
+
+
+def test_bench_e2e_refresh_layers(tmp_path):
+    from dustin_eval.bench_e2e import E2EConfig, run_e2e, write_result
+
+    cfg = E2EConfig(target="qwen2.5-0.5b", draft="qwen2.5-0.5b", batch=4, context=2048, new_tokens=24, budget=256,
+                    m=64, alphas=(), phase_reps=5, policies=("full", "dustin", "dustin-r", "dustin-vs-r"),
+                    refresh_layers=(8, 16))
+    res = run_e2e(cfg, "pytest")
+    assert write_result(res, tmp_path).is_file()
+    by = {r["policy"]: r for r in res["records"]}
+    for r in res["records"]:
+        assert r["cuda_graphs"] and r["ms_per_step"] > 0 and r["graph_phase_sum_ms"] > 0
+        assert r["new_tokens"] == 4 * 24
+    assert by["dustin-r"]["steps"] == by["dustin"]["steps"]  # the same replayed acceptance
+    assert by["dustin-r"]["byte_floor_bytes"] > by["dustin"]["byte_floor_bytes"]
+    assert res["summary"]["dustin-r"]["vs_no_refresh"] == pytest.approx(
+        by["dustin-r"]["tokens_per_s"] / by["dustin"]["tokens_per_s"])
+    assert res["sparse"]["refresh_layers"] == [8, 16]
