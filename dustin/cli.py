@@ -499,6 +499,7 @@ def eval_acceptance(
     profile: ProfileFile = None,
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
+    refresh_layers: RefreshLayers = "",
     contexts: Contexts = "4096,8192",
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
     max_new_tokens: NewTokens = 64,
@@ -536,9 +537,12 @@ def eval_acceptance(
         books_dir=str(books_dir) if books_dir else acc.AcceptanceConfig.books_dir, measure_arr=measure_arr,
         paired=paired,
     )
+    refresh = _layers(refresh_layers)
+    if refresh and "dustin" not in chosen:
+        raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
     loaded = read_profile(profile) if profile is not None else None
     plans = {b: plan_sparse("dustin" if "dustin" in chosen else "streamingllm", loaded, b, sinks, window, all_heads,
-                            draft_kv)
+                            draft_kv, refresh)
              for b in ints}
     if threads is not None:
         torch.set_num_threads(threads)

@@ -15,7 +15,10 @@ the target's own token, per live sequence and step), its retention tau / tau(ful
 retention (on the policy's own steps, against what full verification accepts on the same context
 and drafts: free-running tau also moves with each policy's trajectory, the paired one does not),
 ARR (the mean share of the true verification attention the set captured), and `prefix`: the mean
-share of each sequence's tokens, from the start, identical to full verification's."""
+share of each sequence's tokens, from the start, identical to full verification's.
+
+Refresh layers (`SparseConfig.refresh_layers`, `--refresh-layers`) apply to the dustin runs only
+(the other policies run on the same config without them); dustin's records carry them."""
 
 from __future__ import annotations
 
@@ -148,6 +151,8 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                     scfg = None if budget is None else configs[budget]
                     if policy == "quest" and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
                         scfg = replace(scfg, draft_kv="full")
+                    if policy != "dustin" and scfg is not None and scfg.refresh_layers:  # dustin's alone
+                        scfg = replace(scfg, refresh_layers=())
                     hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
                                         measure_arr=cfg.measure_arr, paired=cfg.paired)
                     res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
@@ -164,6 +169,8 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                         "agree": s.extra.get("agree"),
                         "decode_s": s.decode_seconds, "seconds": s.seconds, "extra": s.extra, "tokens": res.tokens,
                     }
+                    if scfg is not None and scfg.refresh_layers:
+                        rec["refresh_layers"] = list(scfg.refresh_layers)
                     append_jsonl(runs_path, rec)
                 records.append(rec)
                 if on_record is not None:
@@ -258,6 +265,10 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
             "ARR = mean share of each verification query's true attention on the context that the set keeps "
             "(new tokens left out). prefix = mean share of each sequence's tokens identical to full "
             "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences).")
+    refresh = sorted({tuple(c.refresh_layers) for c in configs.values() if c.refresh_layers})
+    if refresh and "dustin" in cfg.policies:
+        note += (f" dustin chooses the set again inside the verification pass at target layers "
+                 f"{', '.join(map(str, refresh[0]))} (refresh layers); the other policies do not.")
     m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",
                        [(None, note + "\n")] + tables, prov)
     return j, m

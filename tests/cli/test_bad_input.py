@@ -319,6 +319,12 @@ CASES = {
     "acceptance-threads-0": ([*ACC, "--threads", "0"], ["--threads"]),
     "acceptance-policy-unknown": ([*ACC, "--policies", "h2o"], ["unknown polic"]),
     "acceptance-budget-below-sinks-window": ([*ACC, "--budgets", "5"], ["smaller than sinks + window"]),
+    "acceptance-refresh-layers-no-dustin": ([*ACC, "--policies", "full,streamingllm", "--refresh-layers", "1"],
+                                            ["applies to policy dustin"]),
+    "acceptance-refresh-layers-descending": ([*ACC, "--policies", "full,dustin", "--refresh-layers", "1,0"],
+                                             ["ascending order"]),
+    "acceptance-refresh-layers-past-target": ([*ACC, "--policies", "full,dustin", "--refresh-layers", "0,99"],
+                                              ["refresh layer 99 is past the target's"]),
     "acceptance-zero-head-profile": ([*ACC, "--profile", "{X}/zero.json"], ["holds no retrieval heads"]),
     "acceptance-books-missing": ([*ACC, "--books-dir", "{X}/nope"], ["no .txt books"]),
     # eval longbench

@@ -3,6 +3,7 @@ budget covering the context keeps everything, a re-run resumes from the runs fil
 tables are written."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -73,3 +74,25 @@ def test_acceptance_runs_resumes_and_writes(setup):
     assert "tokens" not in doc["runs"][0]
     text = m.read_text()
     assert "context 90" in text and "S=24" in text and "| full |" in text
+
+
+def test_acceptance_refresh_layers_apply_to_dustin_alone(setup):
+    tgt, drf, books, root = setup
+    cfg = AcceptanceConfig(contexts=(130,), windows=2, max_new_tokens=7, gamma=3, budgets=(24,),
+                           policies=("full", "dustin", "target-only"), books_dir=str(books), paired=False)
+    configs = {24: replace(SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, 24, sinks=2, window=6),
+                           refresh_layers=(1,))}
+    recs = run_acceptance(tgt, drf, configs, cfg, root / "refresh" / "r.runs.jsonl")
+    by = {r["policy"]: r for r in recs}
+    assert by["dustin"]["refresh_layers"] == [1]
+    assert "refresh_layers" not in by["target-only"] and "refresh_layers" not in by["full"]
+    assert 0 < by["dustin"]["arr"] < 1  # measured layer by layer (the refresh makes two sets per pass)
+    from dustin_eval.pg19 import iter_windows
+
+    prompts = [w.ids for w in iter_windows(tgt.tokenizer, books, 130, max_windows=2, max_windows_per_book=1)]
+    for policy, scfg in (("dustin", configs[24]), ("target-only", replace(configs[24], refresh_layers=()))):
+        alone = speculative_generate(tgt.model, drf.model, prompts, 7, gamma=3,
+                                     hooks=make_policy(policy, scfg, target=tgt.model, draft=drf.model))
+        assert alone.tokens == by[policy]["tokens"], policy
+    _, m = write_acceptance(recs, root / "refresh", "r", provenance(), cfg, configs)
+    assert "at target layers 1 (refresh layers)" in m.read_text()
