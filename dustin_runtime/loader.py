@@ -25,6 +25,7 @@ from dustin_runtime.config import ModelConfig, config_from_hf
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_path, atomic_write
 from dustin_runtime.model import Transformer
+from dustin_runtime.packed import expand_getter
 from dustin_runtime.tp import TensorParallel, shard_config
 
 Index = tuple[slice, ...] | None  # a slice of a stored tensor (None: all of it)
@@ -223,7 +224,10 @@ def _hf_tensor_getter(folder: Path) -> tuple[Getter, set[str]]:
         except (SafetensorError, OSError) as e:
             raise DustinError(f"{folder / fname}: cannot read tensor {name} ({_first_line(e)})") from None
 
-    return get, set(weight_map)
+    try:
+        return expand_getter(get, set(weight_map))  # group-stored tensors read as plain ones
+    except ValueError as e:
+        raise DustinError(f"{folder}: {e}") from None
 
 
 def _gguf_cache_file(path: Path) -> Path:

@@ -80,7 +80,6 @@ def main() -> None:
     ap.add_argument("--results", default="results/draft")
     args = ap.parse_args()
     from safetensors.torch import load
-    from transformers import LlamaForCausalLM
 
     metrics = json.load(open(os.path.join(args.run, "metrics.json")))
     blob = reassemble(args.run)
@@ -89,27 +88,12 @@ def main() -> None:
         raise SystemExit(f"reassembled weights sha256 {sha} != {metrics['saved']['sha256']}")
     sd = load(blob)
     gcfg = json.load(open(os.path.join(args.run, "draft_config.json")))
-    cfg = draft_config(n_layers=gcfg["num_hidden_layers"], hidden=gcfg["hidden_size"],
-                       intermediate=gcfg["intermediate_size"], head_dim=gcfg["head_dim"],
-                       n_kv_heads=gcfg["num_key_value_heads"])
-    cfg.dtype = torch.bfloat16
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert set(missing) <= {"lm_head.weight"} and not unexpected, (missing, unexpected)
-    model.tie_weights()
-    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
-    if os.path.isdir(args.model):
-        shutil.rmtree(args.model)
-    model.save_pretrained(args.model)
-    model.generation_config.save_pretrained(args.model)
-    cfg_path = os.path.join(args.model, "config.json")
-    saved_cfg = json.load(open(cfg_path))
-    saved_cfg["rope_theta"] = saved_cfg["rope_parameters"]["rope_theta"]  # for readers of the 4.x layout
-    with open(cfg_path, "w") as f:
-        json.dump(saved_cfg, f, indent=2, sort_keys=True)
-    save_compact_tokenizer(args.model)
-    size = sum(os.path.getsize(os.path.join(args.model, f)) for f in os.listdir(args.model))
+    if any(re.search(r"\.q[2-8]$", k) for k in sd):
+        size = write_grouped_folder(blob, gcfg, args.model)
+    else:
+        size = write_bf16_folder(sd, gcfg, args.model)
     print(f"saved {args.model}: {size / 1e6:.2f} MB: {sorted(os.listdir(args.model))}")
+    check_loads(args.model)
 
     os.makedirs(args.results, exist_ok=True)
     shutil.copy(os.path.join(args.run, "train_log.jsonl"), os.path.join(args.results, "train_log.jsonl"))
@@ -119,6 +103,71 @@ def main() -> None:
     with open(os.path.join(args.results, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
     print(f"wrote {args.results}/metrics.json, train_log.jsonl, loss_curve.png")
+
+
+CONFIG_KEYS = ("architectures", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim",
+               "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings",
+               "mlp_bias", "model_type", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
+               "pad_token_id", "rms_norm_eps", "rope_parameters", "rope_theta", "tie_word_embeddings", "vocab_size")
+
+
+def write_grouped_folder(blob: bytes, gcfg: dict, folder: str) -> int:
+    """A draft stored in low-bit groups (`dustin_runtime.packed`): the weights file as trained, a Llama config
+    (with `dustin_storage` naming the layout), the tokenizer. Returns the folder's bytes."""
+    cfg = {k: gcfg[k] for k in CONFIG_KEYS if k in gcfg}
+    cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=True,
+               bos_token_id=1, eos_token_id=2, pad_token_id=2, dtype="bfloat16",
+               dustin_storage="low-bit groups of 32 (dustin_runtime/packed.py); loads with dustin_runtime")
+    rope = cfg.get("rope_parameters") or {"rope_type": "default", "rope_theta": gcfg.get("rope_theta", 100000.0)}
+    cfg["rope_parameters"], cfg["rope_theta"] = rope, rope["rope_theta"]
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(blob)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}, f, indent=2)
+    save_compact_tokenizer(folder)
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+
+
+def check_loads(folder: str) -> None:
+    """The folder loads with dustin_runtime (stored groups expanded) with finite weights."""
+    from dustin_runtime.loader import load_model
+
+    model, _ = load_model(folder)
+    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise SystemExit(f"{folder}: non-finite weights in {bad[:3]}")
+    print(f"{folder} loads with dustin_runtime: {sum(p.numel() for p in model.parameters()):,} parameters")
+
+
+def write_bf16_folder(sd: dict, gcfg: dict, folder: str) -> int:
+    """A narrow draft in bf16, saved by transformers. Returns the folder's bytes."""
+    from transformers import LlamaForCausalLM
+
+    cfg = draft_config(n_layers=gcfg["num_hidden_layers"], hidden=gcfg["hidden_size"],
+                       intermediate=gcfg["intermediate_size"], head_dim=gcfg["head_dim"],
+                       n_kv_heads=gcfg["num_key_value_heads"])
+    cfg.dtype = torch.bfloat16
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert set(missing) <= {"lm_head.weight"} and not unexpected, (missing, unexpected)
+    model.tie_weights()
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    model.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    cfg_path = os.path.join(folder, "config.json")
+    saved_cfg = json.load(open(cfg_path))
+    saved_cfg["rope_theta"] = saved_cfg["rope_parameters"]["rope_theta"]  # for readers of the 4.x layout
+    with open(cfg_path, "w") as f:
+        json.dump(saved_cfg, f, indent=2, sort_keys=True)
+    save_compact_tokenizer(folder)
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
 
 
 if __name__ == "__main__":

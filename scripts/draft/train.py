@@ -5,11 +5,18 @@ Runs on one CUDA GPU (or, slowly, on CPU for smoke tests). Everything is bounded
 elapsed share of that budget, checkpoints every `--ckpt-every` seconds, then an evaluation on the
 eval windows (perplexity of draft and target, teacher-forced top-1 agreement).
 
-Several draft shapes can train side by side on the same batches and teacher logits (`--shapes
-4x512,2x512`): the first is the one saved; the others are ablations that only report metrics.
+Drafts come in two kinds. `--init-layers 0,6,12,17,23,29` builds a draft of the target's width from
+those target layers (weights copied), the target's embedding (rounded to --embed-bits, frozen,
+also the tied output head) and final norm; every layer matrix is trained through its --layer-bits
+group value (`dustin_runtime.packed`, straight-through), so what is stored is what was trained. `--shapes 4x512` builds narrow
+drafts from scratch (the first draft's recipe), stored in bf16.
 
-Outputs under --out: draft.safetensors.partN (the first shape's bf16 weights, byte-split below
-16 MiB, reassemble with `cat`), draft_config.json, train_log.jsonl, metrics.json.
+Several drafts can train side by side on the same batches and teacher logits (`--init-layers
+'0,6,12,17,23,29;0,10,19,29'` or `--shapes 4x512,2x512`): the first is the one saved; the others
+are ablations that only report metrics.
+
+Outputs under --out: draft.safetensors.partN (the first draft's weights, low-bit groups or bf16, byte-split
+below 16 MiB, reassemble with `cat`), draft_config.json, train_log.jsonl, metrics.json.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from common import draft_config
+
+from dustin_runtime.packed import fake_quant, pack
 
 PART_BYTES = 15 * 1024 * 1024
 
@@ -69,6 +78,57 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in s.split("x")) for s in spec.split(",")]
 
 
+def parse_init_layers(spec: str) -> list[list[int]]:
+    """'0,6,12;0,10' -> [[0, 6, 12], [0, 10]]: target layers copied into each draft."""
+    return [[int(v) for v in part.split(",")] for part in spec.split(";")]
+
+
+class FakeQuant(torch.nn.Module):
+    """Parametrization: a weight is used as its stored group value at `bits` (straight-through)."""
+
+    def __init__(self, bits: int):
+        super().__init__()
+        self.bits = bits
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return fake_quant(w, self.bits)
+
+
+def draft_from_target(teacher, layers: list[int], layer_bits: int, embed_bits: int):
+    """A Llama draft of the target's shape with len(layers) layers copied from the target's
+    `layers`, the target's final norm, and the target's embedding rounded to `embed_bits` and
+    frozen (tied head). Every layer matrix is parametrized through FakeQuant(layer_bits)."""
+    import copy
+
+    from torch.nn.utils import parametrize
+    from transformers import LlamaForCausalLM
+
+    n = teacher.config.num_hidden_layers
+    if not layers or any(not 0 <= i < n for i in layers):
+        sys.exit(f"--init-layers: layers must be in 0..{n - 1}, got {layers}")
+    cfg = copy.deepcopy(teacher.config)
+    cfg.num_hidden_layers = len(layers)
+    cfg.tie_word_embeddings = True
+    for key in ("layer_types", "quantization_config"):
+        if hasattr(cfg, key):
+            delattr(cfg, key)
+    cfg._attn_implementation = "sdpa"
+    dev = teacher.get_input_embeddings().weight.device
+    m = LlamaForCausalLM(cfg).to(dev)
+    with torch.no_grad():
+        for i, src in enumerate(layers):
+            m.model.layers[i].load_state_dict(teacher.model.layers[src].state_dict())
+        m.model.norm.load_state_dict(teacher.model.norm.state_dict())
+        emb = m.get_input_embeddings().weight
+        emb.copy_(fake_quant(teacher.get_input_embeddings().weight.float(), embed_bits))
+    m.tie_weights()
+    m.get_input_embeddings().weight.requires_grad_(False)
+    for mod in m.model.layers.modules():
+        if isinstance(mod, torch.nn.Linear):
+            parametrize.register_parametrization(mod, "weight", FakeQuant(layer_bits))
+    return m.float()
+
+
 def lr_at(frac: float, peak: float, warmup: float, floor: float) -> float:
     """Linear warm-up then cosine decay to floor*peak, over the elapsed share of the budget."""
     if frac < warmup:
@@ -82,13 +142,41 @@ def draft_logits(model, x: torch.Tensor) -> torch.Tensor:
     return model(input_ids=x, use_cache=False).logits
 
 
-def save_draft(model, out: str) -> dict:
-    """bf16 weights of the saved draft, written as byte parts below 16 MiB (atomic renames)."""
+def draft_state(model, embed_bits: int) -> dict[str, torch.Tensor]:
+    """What is stored: group entries for the matrices of a draft from the target (its layers'
+    parametrized weights at their bits, the embedding at `embed_bits`), bf16 for the rest; bf16
+    throughout for a narrow draft. The head is tied to the embedding and not stored."""
+    from torch.nn.utils import parametrize
+
+    grouped = any(parametrize.is_parametrized(mod) for mod in model.modules())
+    bits = {f"{name}.weight": mod.parametrizations.weight[0].bits for name, mod in model.named_modules()
+            if parametrize.is_parametrized(mod, "weight")}
+    sd = {}
+    for name, mod in model.named_modules():
+        for pname, p in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            if pname == "original":
+                continue
+            full = f"{name}.{pname}" if name else pname
+            if full.startswith("lm_head."):
+                continue
+            sd[full] = p
+        if parametrize.is_parametrized(mod, "weight"):
+            sd[f"{name}.weight"] = mod.parametrizations.weight.original
+    out = {}
+    for k, v in sd.items():
+        v = v.detach().float().cpu()
+        if grouped and v.dim() == 2:
+            out.update(pack(k, v, bits.get(k, embed_bits)))
+        else:
+            out[k] = v.to(torch.bfloat16).contiguous()
+    return out
+
+
+def save_draft(model, out: str, embed_bits: int) -> dict:
+    """The saved draft's weights (`draft_state`), written as byte parts below 16 MiB (atomic renames)."""
     from safetensors.torch import save
 
-    sd = {k: v.detach().to(torch.bfloat16).cpu().contiguous()
-          for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied to embed_tokens
-    blob = save(sd, metadata={"format": "pt"})
+    blob = save(draft_state(model, embed_bits), metadata={"format": "pt"})
     n = math.ceil(len(blob) / PART_BYTES)
     for i in range(n):
         tmp = os.path.join(out, f".tmp.part{i}")
@@ -171,6 +259,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="4x512", help="layers x MLP width, comma separated")
     ap.add_argument("--hidden", type=int, default=192)
+    ap.add_argument("--init-layers", default="", help="drafts from these target layers (';' between drafts); "
+                    "replaces --shapes, needs --teacher-gguf")
+    ap.add_argument("--layer-bits", type=int, default=4, help="--init-layers drafts: bits of layer matrices")
+    ap.add_argument("--embed-bits", type=int, default=6, help="--init-layers drafts: bits of the embedding")
     ap.add_argument("--time-budget", type=float, default=300.0, help="seconds of optimisation")
     ap.add_argument("--max-steps", type=int, default=0, help="stop earlier (smoke tests)")
     ap.add_argument("--tokens-per-step", type=int, default=32768)
@@ -205,25 +297,34 @@ def main() -> None:
     kl_w = args.kl_weight if teacher is not None else 0.0
     ce_w = args.ce_weight if teacher is not None else 1.0
 
-    shapes = parse_shapes(args.shapes)
+    built = []
+    if args.init_layers:
+        if teacher is None:
+            sys.exit("--init-layers needs --teacher-gguf")
+        for layers in parse_init_layers(args.init_layers):
+            built.append((f"draft_L{'-'.join(map(str, layers))}", draft_from_target(teacher, layers, args.layer_bits, args.embed_bits)))
+    else:
+        emb = pca_embedding(teacher, args.hidden) if teacher is not None and not args.no_pca_init else None
+        for n_layers, mlp in parse_shapes(args.shapes):
+            cfg = draft_config(n_layers=n_layers, hidden=args.hidden, intermediate=mlp)
+            cfg._attn_implementation = "sdpa"
+            m = LlamaForCausalLM(cfg).to(device)
+            if emb is not None:
+                with torch.no_grad():
+                    m.get_input_embeddings().weight.copy_(emb)
+            built.append((f"draft_{n_layers}x{mlp}", m))
     drafts, opts = {}, {}
-    emb = pca_embedding(teacher, args.hidden) if teacher is not None and not args.no_pca_init else None
-    for n_layers, mlp in shapes:
-        name = f"draft_{n_layers}x{mlp}"
-        cfg = draft_config(n_layers=n_layers, hidden=args.hidden, intermediate=mlp)
-        cfg._attn_implementation = "sdpa"
-        m = LlamaForCausalLM(cfg).to(device)
-        if emb is not None:
-            with torch.no_grad():
-                m.get_input_embeddings().weight.copy_(emb)
+    for name, m in built:
         assert m.lm_head.weight.data_ptr() == m.get_input_embeddings().weight.data_ptr()
-        decay = [p for n, p in m.named_parameters() if p.dim() >= 2 and "embed" not in n]
-        other = [p for n, p in m.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+        params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
+        decay = [p for n, p in params if p.dim() >= 2 and "embed" not in n]
+        other = [p for n, p in params if not (p.dim() >= 2 and "embed" not in n)]
         opts[name] = torch.optim.AdamW(
             [{"params": decay, "weight_decay": args.weight_decay}, {"params": other, "weight_decay": 0.0}],
             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
         drafts[name] = m
-        print(f"{name}: {sum(p.numel() for p in m.parameters()):,} params", flush=True)
+        print(f"{name}: {sum(p.numel() for p in m.parameters()):,} params, "
+              f"{sum(p.numel() for p in m.parameters() if p.requires_grad):,} trained", flush=True)
     main_name = next(iter(drafts))
     with open(os.path.join(args.out, "draft_config.json"), "w") as f:
         f.write(drafts[main_name].config.to_json_string())
@@ -273,7 +374,7 @@ def main() -> None:
                 loss = loss + kl_w * soft
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            gn = torch.nn.utils.clip_grad_norm_([p for p in m.parameters() if p.requires_grad], 1.0)
             opt.step()
             if step % args.log_every == 0:
                 rec[name] = {"ce": round(ce.item(), 4), "gnorm": round(gn.item(), 3)}
@@ -294,10 +395,10 @@ def main() -> None:
         tokens += B * T
         phase_tokens["long" if long_phase else "short"] += B * T
         if time.time() - last_ckpt > args.ckpt_every:
-            save_draft(drafts[main_name], args.out)
+            save_draft(drafts[main_name], args.out, args.embed_bits)
             last_ckpt = time.time()
     train_s = time.time() - t0
-    saved = save_draft(drafts[main_name], args.out)
+    saved = save_draft(drafts[main_name], args.out, args.embed_bits)
     print(f"trained {step} steps, {tokens:,} tokens in {train_s:.1f}s; saved {saved}", flush=True)
 
     t_ev = time.time()
