@@ -4,7 +4,7 @@ chosen greedily by teacher-forced perplexity through the set (`teacher_forced_nl
 eval pg19` measures) on the calibration windows: each window's last `tokens` tokens are scored
 after the rest as context. Round r scores chosen + {c} for every target layer c not chosen and
 keeps the best; the search stops at K layers or when a round's best lowers the perplexity by less
-than `MIN_GAIN` (relative). Every candidate of a round shares one prefill of the context."""
+than `MIN_GAIN` (relative). Up to `SETS_PER_PREFILL` candidates share one prefill of the context."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dustin_runtime.errors import DustinError
 
 MIN_GAIN = 0.002  # least relative perplexity gain of one more refresh layer (0.2%)
 EVAL_TOKENS = 64  # scored tokens per window (rounded down to whole verification windows of gamma + 1)
+SETS_PER_PREFILL = 8  # layer sets scored per shared prefill: each run's policy keeps its copy of the cache alive
 
 Score = Callable[[Sequence[tuple[int, ...] | None]], list[float]]  # layer sets (None: full) -> NLL per token
 
@@ -53,11 +54,15 @@ def nll_scorer(target, draft, cfg, sequences: list[list[int]], gamma: int, token
     context = len(sequences[0]) - scored_tokens(len(sequences[0]), gamma, tokens)
 
     def score(sets):
-        hooks = [None if s is None else make_policy("dustin", replace(cfg, refresh_layers=tuple(sorted(s))),
-                                                    target=target, draft=draft) for s in sets]
-        res = teacher_forced_nll(target, draft, sequences, context, gamma=gamma, hooks=hooks,
-                                 prefill_chunk=prefill_chunk)
-        return [sum(r.nll) / sum(r.tokens) for r in res]
+        out = []
+        for i in range(0, len(sets), SETS_PER_PREFILL):
+            hooks = [None if s is None else make_policy("dustin", replace(cfg, refresh_layers=tuple(sorted(s))),
+                                                        target=target, draft=draft)
+                     for s in sets[i: i + SETS_PER_PREFILL]]
+            res = teacher_forced_nll(target, draft, sequences, context, gamma=gamma, hooks=hooks,
+                                     prefill_chunk=prefill_chunk)
+            out += [sum(r.nll) / sum(r.tokens) for r in res]
+        return out
 
     return score
 

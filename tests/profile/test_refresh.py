@@ -63,7 +63,7 @@ def test_profile_records_the_search(made):
     assert load_profile(res.path) == p
 
 
-def test_round_one_is_the_best_single_layer(setup):
+def test_round_one_is_the_best_single_layer(setup, monkeypatch):
     """Each single layer's NLL computed on its own (its own teacher-forced run, not the search's
     shared one): the search's round-1 table matches them and round 1 keeps their minimum."""
     target, draft, sparse, seqs = setup
@@ -85,6 +85,9 @@ def test_round_one_is_the_best_single_layer(setup):
     assert found.rounds[2]["candidates"][0]["layer"] != best
     every = rf.greedy_refresh(score, range(target.cfg.num_layers), 5, min_gain=-math.inf)
     assert every.layers == (0, 1, 2) and every.stop == "no candidates"
+    monkeypatch.setattr(rf, "SETS_PER_PREFILL", 2)  # the sets split over prefills: the same scores
+    assert score([None, (0,), (1,), (2,)]) == pytest.approx(rf.nll_scorer(target, draft, sparse, seqs, GAMMA)(
+        [None, (0,), (1,), (2,)]), rel=1e-9)
     none = rf.greedy_refresh(score, range(target.cfg.num_layers), 2, min_gain=math.inf)
     assert none.layers == () and none.stop == "gain" and none.ppl_ratio == none.base_ratio
 
