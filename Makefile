@@ -100,14 +100,14 @@ draft:
 
 # Offline profile: Algorithm 1 for SmolLM2-135M + models/smollm2-draft over 4 windows of
 # 4k tokens of the Gutenberg calibration split, scored on 4 held-out windows, on CPU (minutes).
-# Writes profiles/smollm2-draft.json (one set for every layer) and profiles/smollm2-draft-groups.json
+# Writes profiles/smollm2-draft.json (one set for every layer, up to 2 refresh layers) and profiles/smollm2-draft-groups.json
 # (up to 4 layer groups) with their parquet tables and PNG plots beside them; an interrupted run
 # resumes from profiles/<name>.work/ (not committed). results/profile/README.md holds the numbers.
 PROFILE_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib --context 4096 \
 	--windows 4 --heldout-windows 4 --budget 512 --gamma 4 --sinks 4 --window 64
 .PHONY: repro-profile
 repro-profile: .stamp-install
-	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --out profiles/smollm2-draft.json
+	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --out profiles/smollm2-draft.json
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-groups 4 --out profiles/smollm2-draft-groups.json
 
 # Evaluation harnesses on the embedded pair (CPU; resumable: re-running skips finished records).

@@ -67,7 +67,8 @@ DraftKV = Annotated[str | None, typer.Option("--draft-kv", help="What the draft 
                                              "since and its drafts). Default: the profile's, else full.")]
 RefreshLayers = Annotated[str, typer.Option("--refresh-layers", help="dustin: target layers (comma-separated) at "
                                             "which the verification pass chooses the set again from that layer's "
-                                            "current queries (every KV head); later layers attend it.")]
+                                            "current queries (every KV head); later layers attend it. Default: "
+                                            "the profile's (`dustin profile --max-refresh`); 'none': no refresh.")]
 MeasureArr = Annotated[bool, typer.Option("--measure-arr/--no-arr", help="Also record ARR (the share of the true "
                                           "verification attention the set keeps; one more pass per step).")]
 Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
@@ -274,7 +275,7 @@ def bench_e2e(
     command = "dustin " + " ".join(sys.argv[1:])
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
-                         m=m, alphas=al, refresh_layers=_layers(refresh_layers)) for b, c in pairs]
+                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or ()) for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
     group = _start_tp(tp, "cuda", tp_select)
@@ -332,6 +333,9 @@ def profile(
                                                                  "fewer when one more gains less than --epsilon."),
     heldout_windows: int = typer.Option(0, min=0, max=MAX_COUNT, help="More windows recorded to score the profile "
                                                                       "on (never searched on), with dynamic vs fixed m."),
+    max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
+                                            "dustin policy greedily by teacher-forced perplexity on the calibration "
+                                            "windows (0: none; one set only)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
                                              "is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
@@ -363,7 +367,7 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, retrieval_weight=retrieval_weight,
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
-                        max_groups=max_groups, heldout=heldout_windows,
+                        max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh,
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):
@@ -610,9 +614,13 @@ def _print_decode(out) -> None:
     console.print(t)
 
 
-def _layers(text: str) -> tuple[int, ...]:
-    """--refresh-layers: none when empty, else layer numbers >= 0."""
-    return tuple(_ints(text, "--refresh-layers", minimum=0)) if text.strip() else ()
+def _layers(text: str) -> tuple[int, ...] | None:
+    """--refresh-layers: None when not given (the profile's), () for 'none', else layer numbers >= 0."""
+    if not text.strip():
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(_ints(text, "--refresh-layers", minimum=0))
 
 
 def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh=""):

@@ -101,11 +101,16 @@ class SparsePlan:
 
 def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget: int | None, sinks: int | None,
                 window: int | None, all_heads: bool = False, draft_kv: str | None = None,
-                refresh_layers: Sequence[int] = ()) -> SparsePlan:
+                refresh_layers: Sequence[int] | None = None) -> SparsePlan:
     """Check one run before any model loads: a known policy, retrieval heads where it needs them
     (a profile that holds some, or --all-heads), budget >= sinks + window, and a draft KV mode the
     policy can draft over; refresh layers only for dustin with one set. Sinks, window and budget
-    default to the profile's, else 4, 64 and 512; draft_kv to the profile's, else full."""
+    default to the profile's, else 4, 64 and 512; draft_kv to the profile's, else full; refresh
+    layers (None) to the profile's for dustin, else none (`()` turns the profile's off)."""
+    if profile is not None and not isinstance(profile, LoadedProfile):
+        profile = read_profile(profile)
+    if refresh_layers is None:
+        refresh_layers = profile.profile.refresh_layers if profile is not None and policy == "dustin" else ()
     refresh_layers = tuple(refresh_layers)
     if refresh_layers and policy != "dustin":
         raise DustinError(f"--refresh-layers: policy {policy} has no set to choose again inside the verification "
@@ -114,8 +119,6 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         raise DustinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if draft_kv is not None and draft_kv not in DRAFT_KV:
         raise DustinError(f"--draft-kv {draft_kv!r}: choose one of {', '.join(DRAFT_KV)}")
-    if profile is not None and not isinstance(profile, LoadedProfile):
-        profile = read_profile(profile)
     prof = profile.profile if profile else None
     if policy in HEAD_POLICIES and prof is None and not all_heads:
         raise DustinError(f"policy {policy} needs retrieval heads: give --profile (or --all-heads for every head)")
@@ -148,9 +151,9 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
 
 def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Path | None, sinks: int | None,
               window: int | None, all_heads: bool = False, draft_kv: str | None = None,
-              refresh_layers: Sequence[int] = ()) -> dict[PolicyRun, SparsePlan]:
+              refresh_layers: Sequence[int] | None = None) -> dict[PolicyRun, SparsePlan]:
     """Every policy at every budget (full once, without a budget), each checked before any model
-    loads; the profile is read once; refresh layers apply to the dustin runs."""
+    loads; the profile is read once; refresh layers apply to the dustin runs (None: the profile's)."""
     if not policies:
         raise DustinError("no policy given")
     if refresh_layers and "dustin" not in policies:

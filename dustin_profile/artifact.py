@@ -1,8 +1,9 @@
 """The profile artifact: what Algorithm 1 found for one target/draft pair, as versioned JSON that the
 runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `tables`).
 
-Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 1
-files (one set for every layer) load unchanged. Loading validates the schema; `check_models`
+Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 3
+refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`). Schema 1 and 2 files load
+unchanged (one set for every layer or no groups; no refresh layers). Loading validates the schema; `check_models`
 refuses a profile made for other models."""
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
 from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
 
-SCHEMA_VERSION = 2
-READS = (1, 2)  # schema 1: no layer groups, no held-out figures
+SCHEMA_VERSION = 3
+READS = (1, 2, 3)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Profile:
     groups: tuple[GroupChoice, ...] = ()
     draft_group: int = 0  # the group whose set the draft drafts over (draft_kv "verify-set")
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
+    refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
+    refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -240,7 +243,7 @@ def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> 
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile` (schema 1 or 2): field types, ranges, layer groups and heads
+    """Validate and build a `Profile` (schema 1, 2 or 3): field types, ranges, layer groups and heads
     inside the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
@@ -248,7 +251,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if version not in READS or isinstance(version, bool):
         raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads "
                           f"{', '.join(map(str, READS))})")
-    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups"))
+    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups", "refresh_layers"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
@@ -258,6 +261,10 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if not isinstance(groups, list):
         raise DustinError(f"{source}: field groups must be a list of layer groups")
     kw["groups"] = tuple(_group(g, f"{source}: group {i}") for i, g in enumerate(groups))
+    refresh = d.get("refresh_layers", [])
+    if not isinstance(refresh, list) or not all(_is(x, int) for x in refresh):
+        raise DustinError(f"{source}: field refresh_layers must be a list of layer numbers")
+    kw["refresh_layers"] = tuple(refresh)
     prof = Profile(**kw)
     if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
         raise DustinError(f"{source}: gamma {prof.gamma} and budget {prof.budget} must be >= 1, sinks "
@@ -285,6 +292,10 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
                               f"target's {prof.target.num_layers} layers in order")
         for i, g in enumerate(prof.groups):
             _check_m(g.m, g.m_by_budget, prof, f"{source}: group {i}")
+    r = list(prof.refresh_layers)
+    if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers or prof.groups):
+        raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
+                          f"{prof.target.num_layers}) in ascending order, and only without layer groups")
     if not 0 <= prof.draft_group < max(1, len(prof.groups)):
         raise DustinError(f"{source}: draft_group {prof.draft_group} is not one of the profile's groups")
     sets = [(prof.draft_heads, prof.target_heads)] + [(g.draft_heads, g.target_heads) for g in prof.groups]

@@ -7,7 +7,9 @@ set keeps and weighs `--retrieval-weight` of every mean ARR (see `stack_windows`
 With `--max-groups K > 1` the target's layers may split into up to K groups with their own sets
 (`groups.search_groups`). With `--heldout-windows H`, H more prose windows (cut after the
 calibration ones) are recorded but not searched on; the profile's `heldout` holds what it found
-scored on them, and dynamic m against fixed m (`heldout`, `dynamic_m`)."""
+scored on them, and dynamic m against fixed m (`heldout`, `dynamic_m`). With `--max-refresh K`
+up to K refresh layers of the dustin policy are chosen last, by teacher-forced perplexity on the
+calibration prose windows (`refresh`), and scored on the held-out ones."""
 
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ class ProfileConfig:
     m_points: int = 9
     max_groups: int = 1  # layer groups of the target (1: one set for every layer)
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
+    max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
     draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
@@ -102,6 +105,10 @@ class ProfileConfig:
             raise DustinError("--windows, --positions, --max-heads, --m-points and --max-groups must be >= 1")
         if self.heldout < 0:
             raise DustinError("--heldout-windows must be >= 0")
+        if self.max_refresh < 0:
+            raise DustinError(f"--max-refresh must be >= 0, got {self.max_refresh}")
+        if self.max_refresh and self.max_groups > 1:
+            raise DustinError("--max-refresh re-selects one set: it cannot be combined with --max-groups > 1")
         if not math.isfinite(self.epsilon) or self.epsilon < 0:
             raise DustinError(f"--epsilon must be a finite number >= 0, got {self.epsilon}")
         if self.verify_tokens not in ("draft", "text"):
@@ -270,6 +277,8 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     dtype = pipeline.pick_dtype(cfg.dtype, device)
     for spec in (cfg.target, cfg.draft):
         mcfg = read_config(resolve_checkpoint(spec))
+        if spec == cfg.target and cfg.max_refresh > mcfg.num_layers:
+            raise DustinError(f"--max-refresh {cfg.max_refresh} exceeds {spec}'s {mcfg.num_layers} layers")
         if cfg.context + cfg.gamma + 1 > mcfg.max_position_embeddings:
             raise DustinError(f"--context {cfg.context} + gamma + 1 exceeds {spec}'s context of "
                               f"{mcfg.max_position_embeddings} tokens; use --context <= "
@@ -417,10 +426,39 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     )
     from dustin_profile.plots import write_plots
 
+    if cfg.max_refresh:
+        t_refresh = time.perf_counter()
+        with console.status(f"refresh layers (up to {cfg.max_refresh})"):
+            prof = _search_refresh(prof, cfg, tgt.model, drf.model, windows[:n], held_windows)
+        prof.calibration["run"]["seconds"]["refresh"] = round(time.perf_counter() - t_refresh, 2)
     prof = replace(prof, tables={**tables, **write_plots(stage, prof)})
     prof.calibration["run"]["seconds"]["total"] = round(time.perf_counter() - t0, 2)
     _publish(out, prof, stage)
     return RunResult(prof, out, res, recorded, prof.calibration["run"]["seconds"])
+
+
+def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_windows, held_windows) -> Profile:
+    """The profile with its refresh layers (`refresh.greedy_refresh` over every target layer on the
+    calibration prose windows) and the search's record, with held-out perplexity ratios."""
+    from dustin_profile import refresh as rf
+
+    sparse = prof.to_sparse_config()
+
+    def scorer(ws):
+        return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.EVAL_TOKENS,
+                             cfg.prefill_chunk)
+
+    found = rf.greedy_refresh(scorer(calib_windows), range(target.cfg.num_layers), cfg.max_refresh)
+    total = len(calib_windows[0].tokens)
+    record = {"max_refresh": cfg.max_refresh, "candidates": "every target layer", "min_gain": rf.MIN_GAIN,
+              "objective": "teacher-forced perplexity ratio to full attention of the last scored_tokens of each "
+                           "calibration prose window through dustin's set at the profile's budget",
+              "scored_tokens": rf.scored_tokens(total, cfg.gamma), "windows": len(calib_windows),
+              "stop": found.stop, "ppl_ratio": found.ppl_ratio, "ppl_ratio_without": found.base_ratio,
+              "rounds": found.rounds}
+    if held_windows:
+        record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers)}
+    return replace(prof, refresh_layers=found.layers, refresh_search=record)
 
 
 def _heads(cands: list[Candidate]) -> tuple[HeadChoice, ...]:

@@ -76,6 +76,11 @@ def _dynamic_rows(heldout: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _ratio(d: dict, key: str) -> str:
+    v = _num(d, key)
+    return "?" if v is None else f"{v:.4f}"
+
+
 def render(prof: Profile, folder: Path | None = None) -> list:
     """Rich renderables: summary, heads, ARR vs baselines, m by budget, ARR vs budget, rounds."""
     from rich.table import Table
@@ -103,6 +108,14 @@ def render(prof: Profile, folder: Path | None = None) -> list:
         ("calibration", str(cal.get("description", ""))),
         ("calibration sha256", str(cal.get("sha256", ""))[:16]),
     ]
+    rs = prof.refresh_search
+    if rs:
+        held = _sub(rs, "heldout")
+        rows.append(("refresh layers", f"{list(prof.refresh_layers)} (up to {rs.get('max_refresh')}, stop: "
+                                       f"{rs.get('stop')}); ppl ratio to full {_ratio(rs, 'ppl_ratio')} vs "
+                                       f"{_ratio(rs, 'ppl_ratio_without')} without"
+                                       + (f"; held out {_ratio(held, 'dustin + refresh')} vs "
+                                          f"{_ratio(held, 'dustin')}" if held else "")))
     if _num(cal, "mean_accepted") is not None:
         rows.append(("mean accepted drafts", f"{_num(cal, 'mean_accepted'):.2f} of {prof.gamma}"))
     run = _sub(cal, "run")

@@ -2,7 +2,8 @@
 # The SmolLM2 pair's evaluations with statistical power, on a GPU (the CPU takes hours):
 # PG-19-style perplexity over 16 windows x 1024 scored tokens and paired acceptance over
 # 8 windows x 256 new tokens, at 4k and 8k, S = 512, with the single-set and the layer-group
-# profiles, with sparse drafting, and with refresh layers (8, 20). Usage: `make repro-evals-gpu`
+# profiles, with sparse drafting, and with the single-set profile's refresh layers (`dustin profile
+# --max-refresh`; the other P1 steps pass --refresh-layers none; REFRESH=8,20 gives a list by hand, REFRESH=none turns them off). Usage: `make repro-evals-gpu`
 # (or TARGET=<file.gguf> BOOKS=<eval books folder> bash scripts/gpu_evals.sh where the `smollm2`
 # package is missing). Env overrides: DRAFT (the draft checkpoint), P1 / PG (the single-set and
 # layer-group profiles), ONLY (space-separated step names, e.g. ONLY="pg19-refresh acceptance-refresh";
@@ -17,7 +18,8 @@ DTYPE=${DTYPE:-fp32}
 P1=${P1:-profiles/smollm2-draft.json}
 PG=${PG:-profiles/smollm2-draft-groups.json}
 ONLY=${ONLY:-}
-REFRESH=8,20
+REFRESH=${REFRESH:-}  # empty: the profile's refresh layers
+refresh=${REFRESH:+--refresh-layers $REFRESH}
 PGO=results/pg19-16x1024
 ACO=results/acceptance-8x256
 STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh"
@@ -31,10 +33,11 @@ want() { [ -z "$ONLY" ] || case " $ONLY " in *" $1 "*) true;; *) false;; esac; }
 step() { local name=$1; shift; if want "$name"; then echo "== $name"; run "$@"; fi; }
 for ctx in 4096 7168; do  # 7168 + 1024 = the models' 8192 positions
   step pg19 $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 --windows 16 \
-    --batch-size 16 --policy full,dustin,streamingllm,quest,oracle --budget 512 --profile $P1 --out-dir $PGO
+    --batch-size 16 --policy full,dustin,streamingllm,quest,oracle --budget 512 --profile $P1 --refresh-layers none \
+    --out-dir $PGO
 done
 step acceptance $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 8 \
-  --max-new-tokens 256 --budgets 512 --policies full,dustin,streamingllm,quest,oracle --profile $P1 \
+  --max-new-tokens 256 --budgets 512 --policies full,dustin,streamingllm,quest,oracle --profile $P1 --refresh-layers none \
   --out-dir $ACO --name smollm2-draft
 for ctx in 4096 7168; do
   step pg19-groups $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
@@ -45,13 +48,13 @@ step acceptance-groups $PY -m dustin.cli eval acceptance $common --books-dir "$B
   --name smollm2-draft-groups
 step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
   --windows 8 --max-new-tokens 256 --budgets 512 --policies dustin,streamingllm --draft-kv verify-set \
-  --profile $P1 --out-dir $ACO --name smollm2-draft-verify-set
+  --profile $P1 --refresh-layers none --out-dir $ACO --name smollm2-draft-verify-set
 for ctx in 4096 7168; do  # dustin without refresh: the pg19 step's records (same windows)
   step pg19-refresh $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
-    --windows 16 --batch-size 16 --policy full,dustin --budget 512 --profile $P1 --refresh-layers $REFRESH \
+    --windows 16 --batch-size 16 --policy full,dustin --budget 512 --profile $P1 $refresh \
     --out-dir $PGO/refresh
 done
 step acceptance-refresh $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
-  --windows 8 --max-new-tokens 256 --budgets 512 --policies full,dustin --refresh-layers $REFRESH --profile $P1 \
+  --windows 8 --max-new-tokens 256 --budgets 512 --policies full,dustin $refresh --profile $P1 \
   --out-dir $ACO --name smollm2-draft-refresh
 exit $status

@@ -1,0 +1,155 @@
+"""`--max-refresh`: the greedy refresh-layer search by teacher-forced perplexity, the profile that
+records its layers, and the runtime's dustin plan that follows them (unless told otherwise)."""
+
+import io
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from rich.console import Console
+
+from dustin_eval.plan import plan_runs, plan_sparse
+from dustin_profile import calibration as cal
+from dustin_profile import refresh as rf
+from dustin_profile.artifact import SCHEMA_VERSION, load_profile
+from dustin_profile.run import ProfileConfig, run_profile
+from dustin_runtime import pipeline
+from dustin_runtime.errors import DustinError
+from dustin_runtime.policies import make_policy
+from dustin_runtime.teacher_forced import teacher_forced_nll
+
+GAMMA = 3
+
+
+def config(models, calib_text, out, **kw):
+    base = dict(target=str(models["other"]), draft=str(models["draft"]), out=str(out), calib=(str(calib_text),),
+                context=160, windows=2, positions=2, budget=48, gamma=GAMMA, sinks=4, window=12, budgets=(24, 48),
+                max_heads=3, epsilon=0.0, m_points=5, heldout=1, max_refresh=2)
+    return ProfileConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def made(models, calib_text, tmp_path_factory):
+    """A 3-layer target profiled with --max-refresh 2 and one held-out window."""
+    cfg = config(models, calib_text, tmp_path_factory.mktemp("refresh") / "p.json")
+    return cfg, run_profile(cfg, console=Console(file=io.StringIO()))
+
+
+@pytest.fixture(scope="module")
+def setup(made):
+    """The loaded pair, the profile's SparseConfig and the calibration prose windows of the run."""
+    cfg, res = made
+    tgt = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
+    drf = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
+    docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
+    wins = cal.cut_windows(tgt.tokenizer, docs, cfg.windows + cfg.heldout, cfg.context + cfg.gamma + 1, cfg.seed)
+    return tgt.model, drf.model, res.profile.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
+
+
+def test_profile_records_the_search(made):
+    cfg, res = made
+    p = res.profile
+    assert p.schema_version == SCHEMA_VERSION == 3
+    s = p.refresh_search
+    assert len(p.refresh_layers) <= cfg.max_refresh and all(0 <= x < 3 for x in p.refresh_layers)
+    assert list(p.refresh_layers) == sorted(set(p.refresh_layers))
+    assert s["rounds"][0]["layers"] == [] and [c["layer"] for c in s["rounds"][1]["candidates"]] == [0, 1, 2]
+    assert s["stop"] in ("max_refresh", "gain") and s["windows"] == cfg.windows
+    assert s["ppl_ratio"] <= s["ppl_ratio_without"]  # a layer is kept only when it lowers the perplexity
+    assert set(s["heldout"]) == {"windows", "dustin", "dustin + refresh"}
+    assert "refresh" in p.calibration["run"]["seconds"]
+    assert load_profile(res.path) == p
+
+
+def test_round_one_is_the_best_single_layer(setup, monkeypatch):
+    """Each single layer's NLL computed on its own (its own teacher-forced run, not the search's
+    shared one): the search's round-1 table matches them and round 1 keeps their minimum."""
+    target, draft, sparse, seqs = setup
+    context = len(seqs[0]) - rf.scored_tokens(len(seqs[0]), GAMMA)
+    own = []
+    for layer in range(target.cfg.num_layers):
+        full, one = teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA, hooks=[
+            None, make_policy("dustin", replace(sparse, refresh_layers=(layer,)), target=target, draft=draft)])
+        own.append((sum(one.nll) - sum(full.nll)) / sum(full.tokens))
+    score = rf.nll_scorer(target, draft, sparse, seqs, GAMMA)
+    found = rf.greedy_refresh(score, range(target.cfg.num_layers), 2, min_gain=-math.inf)
+    table = found.rounds[1]["candidates"]
+    assert [c["ppl_ratio"] for c in table] == pytest.approx([math.exp(x) for x in own], rel=1e-9)
+    assert len(set(own)) == len(own)  # no tie: the best is one layer
+    best = min(range(len(own)), key=own.__getitem__)
+    assert found.rounds[1]["best"] == best and best in found.layers
+    assert len(found.layers) == 2 and found.stop == "max_refresh" and len(found.rounds) == 3  # stops at K
+    assert all(0 <= x < target.cfg.num_layers for x in found.layers)
+    assert found.rounds[2]["candidates"][0]["layer"] != best
+    every = rf.greedy_refresh(score, range(target.cfg.num_layers), 5, min_gain=-math.inf)
+    assert every.layers == (0, 1, 2) and every.stop == "no candidates"
+    monkeypatch.setattr(rf, "SETS_PER_PREFILL", 2)  # the sets split over prefills: the same scores
+    assert score([None, (0,), (1,), (2,)]) == pytest.approx(rf.nll_scorer(target, draft, sparse, seqs, GAMMA)(
+        [None, (0,), (1,), (2,)]), rel=1e-9)
+    none = rf.greedy_refresh(score, range(target.cfg.num_layers), 2, min_gain=math.inf)
+    assert none.layers == () and none.stop == "gain" and none.ppl_ratio == none.base_ratio
+
+
+def test_scored_tokens():
+    assert rf.scored_tokens(4101, 4) == 60 and rf.scored_tokens(164, 3) == 64 and rf.scored_tokens(12, 3) == 4
+    with pytest.raises(DustinError):
+        rf.scored_tokens(8, 3)
+
+
+def test_plan_follows_the_profile_unless_told(made, tmp_path):
+    cfg, res = made
+    target, draft = (pipeline.load(x, dtype=torch.float32, device="cpu") for x in (cfg.target, cfg.draft))
+    path = tmp_path / "r.json"
+    replace(res.profile, refresh_layers=(1, 2)).save(path)
+    plan = plan_sparse("dustin", path, None, None, None)
+    assert plan.refresh_layers == (1, 2) and plan.config(target, draft).refresh_layers == (1, 2)
+    off = plan_sparse("dustin", path, None, None, None, refresh_layers=())
+    assert off.refresh_layers == () and off.config(target, draft).refresh_layers == ()
+    assert plan_sparse("dustin", path, None, None, None, refresh_layers=(0,)).refresh_layers == (0,)
+    assert plan_sparse("streamingllm", path, None, None, None).refresh_layers == ()
+    runs = plan_runs(["full", "dustin", "quest"], [48], path, None, None)
+    assert {r.policy: p.refresh_layers for r, p in runs.items()} == {"full": (), "dustin": (1, 2), "quest": ()}
+    assert all(p.refresh_layers == () for p in plan_runs(["dustin"], [48], path, None, None, refresh_layers=()).values())
+
+
+def test_older_profiles_have_no_refresh_layers(made, tmp_path):
+    _, res = made
+    d = json.loads(replace(res.profile, refresh_layers=(1,)).to_json())
+    for k in ("refresh_layers", "refresh_search"):
+        d.pop(k)
+    (tmp_path / "v2.json").write_text(json.dumps({**d, "schema_version": 2}))
+    p = load_profile(tmp_path / "v2.json")
+    assert p.schema_version == 2 and p.refresh_layers == () and p.refresh_search == {}
+    assert plan_sparse("dustin", tmp_path / "v2.json", None, None, None).refresh_layers == ()
+
+
+@pytest.mark.parametrize("value,needle", [([3], "must be distinct target layers"), ([1, 0], "ascending"),
+                                          ([1, 1], "distinct"), ("1", "must be a list"), ([True], "must be a list")])
+def test_bad_refresh_layers_refused(made, tmp_path, value, needle):
+    _, res = made
+    d = json.loads(res.profile.to_json())
+    d["refresh_layers"] = value
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(DustinError) as e:
+        load_profile(tmp_path / "p.json")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_max_refresh_refused(models, calib_text, tmp_path, run_cli, assert_one_line_error):
+    args = ("profile", "--target", models["other"], "--draft", models["draft"], "--calib", calib_text,
+            "--context", "128", "--windows", "1", "--budget", "40", "--gamma", "2", "--sinks", "2", "--window", "8",
+            "--budgets", "40", "--out", tmp_path / "p.json")
+    assert_one_line_error(run_cli(*args, "--max-refresh", "-1"), "--max-refresh must be >= 0", code=2)
+    assert_one_line_error(run_cli(*args, "--max-refresh", "4"), "--max-refresh 4 exceeds", "3 layers", code=2)
+    assert_one_line_error(run_cli(*args, "--max-refresh", "1", "--max-groups", "2"), "--max-groups", code=2)
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_refresh_layers_option_spelling():
+    from dustin.cli import _layers
+
+    assert _layers("") is None and _layers(" none ") == () and _layers("NONE") == () and _layers("8,20") == (8, 20)
+    with pytest.raises(DustinError):
+        _layers("8,x")
