@@ -64,15 +64,16 @@ def test_profile_records_the_search(made):
 
 
 def test_round_one_is_the_best_single_layer(setup, monkeypatch):
-    """Each single layer's NLL computed on its own (its own teacher-forced run, not the search's
-    shared one): the search's round-1 table matches them and round 1 keeps their minimum."""
+    """Each single layer's NLL at the windows' last offset computed on its own (its own
+    teacher-forced run, not the search's shared one): the search's round-1 table matches them and
+    round 1 keeps their minimum."""
     target, draft, sparse, seqs = setup
     context = len(seqs[0]) - rf.scored_tokens(len(seqs[0]), GAMMA)
     own = []
     for layer in range(target.cfg.num_layers):
         full, one = teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA, hooks=[
             None, make_policy("dustin", replace(sparse, refresh_layers=(layer,)), target=target, draft=draft)])
-        own.append((sum(one.nll) - sum(full.nll)) / sum(full.tokens))
+        own.append(rf.last_offset_nll(one, GAMMA) - rf.last_offset_nll(full, GAMMA))
     score = rf.nll_scorer(target, draft, sparse, seqs, GAMMA)
     found = rf.greedy_refresh(score, range(target.cfg.num_layers), 2, min_gain=-math.inf)
     table = found.rounds[1]["candidates"]
@@ -93,7 +94,8 @@ def test_round_one_is_the_best_single_layer(setup, monkeypatch):
 
 
 def test_scored_tokens():
-    assert rf.scored_tokens(4101, 4) == 60 and rf.scored_tokens(164, 3) == 64 and rf.scored_tokens(12, 3) == 4
+    assert rf.scored_tokens(4101, 4) == 320 and rf.scored_tokens(4101, 4, 64) == 60
+    assert rf.scored_tokens(164, 3, 64) == 64 and rf.scored_tokens(12, 3) == 4
     with pytest.raises(DustinError):
         rf.scored_tokens(8, 3)
 
@@ -153,3 +155,12 @@ def test_refresh_layers_option_spelling():
     assert _layers("") is None and _layers(" none ") == () and _layers("NONE") == () and _layers("8,20") == (8, 20)
     with pytest.raises(DustinError):
         _layers("8,x")
+
+
+def test_last_offset_nll_counts_whole_windows_only():
+    """The objective reads offset gamma alone: a window cut short (no last offset) adds nothing."""
+    from dustin_runtime.teacher_forced import TeacherForcedResult
+
+    r = TeacherForcedResult(nll=[10.0, 7.0], tokens=[10, 8], windows=2,
+                            nll_by_offset=[[1.0, 1.0, 1.0, 1.0, 6.0], [1.0, 1.0, 1.0, 1.0, 3.0]])
+    assert rf.last_offset_nll(r, 4) == pytest.approx((6.0 + 3.0) / (2 + 1))  # 10 tokens: 2 windows, 8: 1
