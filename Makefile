@@ -88,7 +88,18 @@ TRAIN_S ?= 330
 DRAFT_ARGS ?= --shapes 4x512,2x512 --hidden 192 --tokens-per-step 32768 --seq-short 2048 \
 	--seq-long 8192 --long-frac 0.3 --lr 3e-3 --warmup-frac 0.03 --lr-floor 0.1 --weight-decay 0.1 \
 	--kl-weight 1.0 --ce-weight 0.1 --seed 0 --ckpt-every 60 --log-every 10
-.PHONY: draft
+# The same through the device tool (calls carry 64 MiB at most): `make draft-parts` writes the
+# token shards and the GGUF's two halves under .carry/, then scripts/draft/device_train.sh runs the
+# three calls it describes (results/draft/target-layers/README.md: the run of the target-layers draft).
+.PHONY: draft draft-parts
+draft-parts: .stamp-install
+	cd scripts/draft && ../../$(PY) tokenize_corpus.py --corpus $(abspath $(GUTENBERG)) --out ../../.carry \
+		--shard-bytes 8000000 8000000
+	G="$$($(PY) -c 'import sys; sys.path.insert(0, "scripts/draft"); from common import *; print(target_gguf_dir() + "/" + GGUF_NAME)')"; \
+		n=$$(( ($$(stat -c %s "$$G") + 1) / 2 )); mkdir -p .carry/h1 .carry/h2 .carry/tok && \
+		head -c $$n "$$G" > .carry/h1/part && tail -c +$$((n + 1)) "$$G" > .carry/h2/part
+	cp models/smollm2-draft/tokenizer.json models/smollm2-draft/tokenizer_config.json \
+		models/smollm2-draft/chat_template.jinja .carry/tok/
 draft:
 	cd scripts/draft && ../../$(PY) tokenize_corpus.py --corpus $(abspath $(GUTENBERG)) --out ../../.carry
 	cd scripts/draft && ../../$(PY) train.py --data '../../.carry/d*/train.bin' \

@@ -2,7 +2,7 @@
 # Draft training on the GPU machine through the device tool, whose calls carry at most 64 MiB each:
 #   call 1: bash scripts/draft/device_train.sh stash   (carrying .carry/h1 = the GGUF's first half, .carry/d1)
 #   call 2: bash scripts/draft/device_train.sh stash   (carrying .carry/h2 = the second half, .carry/d2)
-#   call 3: bash scripts/draft/device_train.sh TRAIN_SECONDS [train.py args]  (carrying .carry/d3, .whl)
+#   call 3: bash scripts/draft/device_train.sh TRAIN_SECONDS [train.py args]  (carrying .carry/d3, .carry/tok, .whl)
 # `stash` copies whatever .carry/ parts came with the call to /tmp/carry (kept while the machine stays
 # warm); the training call reassembles the GGUF (sha256 checked), distils from it into $OUT/run
 # (weights in parts of 15 MiB, config, log, metrics) and exports the folder to /tmp/newdraft.
