@@ -412,6 +412,8 @@ class SignalPolicy(SparsePolicy):
 
     def summary(self):
         out = {**super().summary(), "m": self.m}
+        if self.cfg.refresh_layers:
+            out["refresh_layers"] = list(self.cfg.refresh_layers)
         if len(self.groups) > 1:
             out["groups"] = [{"start": g.start, "m": s.m} for g, s in zip(self.cfg.layer_groups, self.groups,
                                                                           strict=True)]

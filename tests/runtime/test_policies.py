@@ -395,6 +395,9 @@ def test_refresh_layers_at_a_covering_budget_give_full_tokens(pair):
     full, _ = run(pair, "full", None)
     out, _ = run(pair, "dustin", replace(config(target, draft, budget=128), refresh_layers=(0, 1)), measure_arr=True)
     assert out.tokens == full.tokens and out.stats.extra["arr"] == pytest.approx(1.0, abs=1e-5)
+    assert out.stats.extra["refresh_layers"] == [0, 1]  # what ran is reported
+    plain, _ = run(pair, "dustin", config(target, draft, budget=128))
+    assert "refresh_layers" not in plain.stats.extra
 
 
 def test_refresh_layer_configs_refused(pair):
