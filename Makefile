@@ -110,9 +110,9 @@ draft:
 		--results ../../results/draft
 
 # Offline profile: Algorithm 1 for SmolLM2-135M + models/smollm2-draft over 4 windows of
-# 4k tokens of the Gutenberg calibration split, scored on 4 held-out windows (CPU: ~10 minutes for the
-# heads; the refresh search's teacher-forced passes over 30 layers x 2 rounds take 4 min on an H200 and
-# far longer on a 2-core CPU: the committed profile was made on the H200, results/profile/README.md).
+# 4k tokens of the Gutenberg calibration split, scored on 4 held-out windows (CPU: ~3-10 minutes for the
+# heads; the refresh search's teacher-forced passes over 30 layers take 4 min for 2 rounds on an H200,
+# about 18 min per round on 2 CPU cores: the committed profile was made on the H200, results/profile).
 # Writes profiles/smollm2-draft.json (one set for every layer, up to 2 refresh layers) and profiles/smollm2-draft-groups.json
 # (up to 4 layer groups) with their parquet tables and PNG plots beside them; an interrupted run
 # resumes from profiles/<name>.work/ (not committed). results/profile/README.md holds the numbers.
