@@ -451,8 +451,9 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
     found = rf.greedy_refresh(scorer(calib_windows), range(target.cfg.num_layers), cfg.max_refresh)
     total = len(calib_windows[0].tokens)
     record = {"max_refresh": cfg.max_refresh, "candidates": "every target layer", "min_gain": rf.MIN_GAIN,
-              "objective": "teacher-forced perplexity ratio to full attention of the last scored_tokens of each "
-                           "calibration prose window through dustin's set at the profile's budget",
+              "objective": "teacher-forced perplexity ratio to full attention through dustin's set at the profile's "
+                           "budget, at the last offset of each verification window, over the last "
+                           "scored_tokens of each calibration prose window",
               "scored_tokens": rf.scored_tokens(total, cfg.gamma), "windows": len(calib_windows),
               "stop": found.stop, "ppl_ratio": found.ppl_ratio, "ppl_ratio_without": found.base_ratio,
               "rounds": found.rounds}
