@@ -46,6 +46,7 @@ class Rope:
     table: torch.Tensor  # [2, N, D]
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
+    skinny: bool = False  # the layers' linears through `dustin_kernels.skinny` (few rows, fused path)
 
 
 class Attention(nn.Module):
@@ -69,9 +70,22 @@ class Attention(nn.Module):
         backend: AttentionBackend,
         ctx: ForwardContext,
     ) -> torch.Tensor:
+        o = self.attend_qkv(self.wqkv(x), layer, rope, cache, backend, ctx)  # [B, T, H * D]
+        out = self.wo(o)  # [B, T, d]
+        return out if self.tp is None else self.tp.all_reduce_(out)
+
+    def attend_qkv(
+        self,
+        qkv: torch.Tensor,  # [B, T, (H + 2G) * D]: the fused projection's output
+        layer: int,
+        rope: Rope,
+        cache: KVCache,
+        backend: AttentionBackend,
+        ctx: ForwardContext,
+    ) -> torch.Tensor:
+        """RoPE, the cache write and attention: the heads' outputs [B, T, H * D] before wo."""
         c = self.cfg
-        B, T, _ = x.shape
-        qkv = self.wqkv(x)  # [B, T, (H + 2G) * D]
+        B, T, _ = qkv.shape
         if rope.fused:
             from dustin_kernels.layer_ops import rope_qkv_to_cache
 
@@ -89,8 +103,7 @@ class Attention(nn.Module):
             k = apply_rope(k.transpose(1, 2), rope.cos, rope.sin)  # [B, G, T, D]
             cache.write(layer, k, v, ctx.positions)
         o = backend.attend(layer, q, cache, ctx)  # [B, H, T, D]
-        out = self.wo(o.transpose(1, 2).reshape(B, T, c.q_size))  # [B, T, d]
-        return out if self.tp is None else self.tp.all_reduce_(out)
+        return o.transpose(1, 2).reshape(B, T, c.q_size)
 
 
 class FeedForward(nn.Module):
@@ -122,7 +135,26 @@ class Block(nn.Module):
 
     def forward(self, x, layer, rope, cache, backend, ctx, pending=None):
         """-> (x, pending): the fused path leaves the MLP's output as a pending residual that the
-        next norm adds (one kernel less per layer); the reference path adds it here."""
+        next norm adds (one kernel less per layer); the reference path adds it here. On the skinny
+        path (a few rows: wo, the MLP and SwiGLU through `skinny_linear`) pending and wo's output are
+        fp32 partial sums [P, B * T, d] (split-K's slices) that the next norm adds up."""
+        if rope.skinny:
+            from dustin_kernels.layer_ops import add_rms_norm, rms_norm
+            from dustin_kernels.skinny import skinny_linear, skinny_split
+
+            a, f = self.attn, self.ffn
+            if pending is None:
+                y = rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
+            else:
+                x, y = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps, partials=True)
+            o = a.attend_qkv(a.wqkv(y), layer, rope, cache, backend, ctx)  # [B, T, H D]
+            if a.wo.bias is None:
+                h = skinny_linear(o, a.wo.weight, parts=skinny_split(a.wo.weight, x.device))  # [P, B T, d]
+            else:
+                h = skinny_linear(o, a.wo.weight, bias=a.wo.bias).view(1, -1, x.shape[-1])
+            x, y = add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps, partials=True)
+            act = skinny_linear(y, f.w13.weight, swiglu=True)  # [B, T, I]
+            return x, skinny_linear(act, f.w2.weight, parts=skinny_split(f.w2.weight, x.device))
         if rope.fused:
             from dustin_kernels.layer_ops import add_rms_norm, rms_norm
 
@@ -155,12 +187,17 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
         self.fused = False  # fused Triton layer ops (set by `use_kernels`; CUDA only)
+        self.skinny = False  # and the linears of forwards of <= skinny.MAX_ROWS rows fused with them
 
     def use_kernels(self, on: bool = True) -> Transformer:
-        """Run norms, SwiGLU and RoPE + cache writes through the fused Triton kernels."""
+        """Run norms, SwiGLU and RoPE + cache writes through the fused Triton kernels; forwards of
+        few rows (a draft's decode steps) also run their linears through `skinny_linear`, with the
+        norms and SwiGLU inside (one process only: under TP the partial sums are all-reduced)."""
         runnable = self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
         d = self.cfg.head_dim
         self.fused = on and runnable and d >= 8 and d & (d - 1) == 0
+        self.skinny = self.fused and self.tp is None and self.dtype in (torch.bfloat16, torch.float16,
+                                                                        torch.float32)
         return self
 
     @property
@@ -216,7 +253,9 @@ class Transformer(nn.Module):
         start = cache.lengths.clone()  # [B] int32
         positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
         if self.fused:
-            rope = Rope(True, self.rope)
+            from dustin_kernels.skinny import MAX_ROWS
+
+            rope = Rope(True, self.rope, skinny=self.skinny and B * T <= MAX_ROWS)
         else:
             rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
@@ -227,6 +266,13 @@ class Transformer(nn.Module):
         backend.end(ctx)
         if logits == "none":
             return None
+        if rope.skinny:  # pending: partial sums [P, B T, d]
+            from dustin_kernels.layer_ops import add_rms_norm
+
+            if logits == "last" and T > 1:
+                x, pending = x[:, -1:], pending.view(pending.shape[0], B, T, -1)[:, :, -1]
+            out = self.lm_head(add_rms_norm(x, pending, self.norm.weight, self.norm.eps, partials=True)[1]).float()
+            return out if local_vocab else self.gather_vocab(out)
         if logits == "last":
             x, pending = x[:, -1:], None if pending is None else pending[:, -1:]
         if pending is not None:

@@ -52,8 +52,11 @@ def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
 
 
 def load(spec: str, *, dtype: torch.dtype, device: str, tp: TensorParallel | None = None) -> LoadedModel:
-    """Resolve, load (under `tp`: this rank's shard) and attach the tokenizer of one checkpoint."""
+    """Resolve, load (under `tp`: this rank's shard) and attach the tokenizer of one checkpoint; on
+    CUDA the model runs its fused Triton layer ops (`Transformer.use_kernels`)."""
     model, ckpt = load_model(spec, dtype=dtype, device=device, tp=tp)
+    if model.device.type == "cuda":
+        model.use_kernels()
     return LoadedModel(model, ckpt, load_tokenizer(ckpt))
 
 

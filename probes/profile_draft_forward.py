@@ -1,47 +1,68 @@
 """Probe: where a draft decode forward spends its time (Qwen2.5-0.5B shape, batch 16, 32k context,
-random weights, CUDA graph), per kernel from the torch profiler, against its byte floor."""
+random weights, CUDA graph), per kernel from the torch profiler, against its byte floor: over the
+whole cache (`full`) and over a verification set of S + 2 gamma + 1 rows (`verify-set`, what
+`--draft-kv verify-set` attends). `python probes/profile_draft_forward.py [batch] [context]`."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
+from dustin_kernels import sparse_verify_attention
 from torch.profiler import ProfilerActivity, profile
 
 from dustin_eval.timing import graph_ms
-from dustin_runtime.attention import TritonAttention
+from dustin_runtime.attention import AttentionBackend, TritonAttention
 from dustin_runtime.loader import random_model
 from dustin_runtime.presets import preset
 
 
+class SetAttention(AttentionBackend):
+    def __init__(self, idx):
+        self.idx = idx
+
+    def attend(self, layer, q, cache, ctx):
+        return sparse_verify_attention(q, cache.k[layer], cache.v[layer], self.idx, ctx.start)
+
+
 @torch.inference_mode()
-def main(batch=16, context=32768):
+def main(batch=16, context=32768, rows=521):
     model = random_model(preset("qwen2.5-0.5b"), dtype=torch.bfloat16, device="cuda").use_kernels()
     cache = model.allocate_cache(batch, context + 8)
     for t in cache.k + cache.v:
         t.normal_()
     cache.lengths.fill_(context)
     tok = torch.randint(0, 1000, (batch, 1), device="cuda")
-    be = TritonAttention()
-
-    def fwd():
-        cache.lengths.fill_(context)
-        model(tok, cache, be, phase="draft")
-
-    ms = graph_ms([fwd], replays=20, budget_ms=None, warmup=3)["median_ms"]
+    idx = torch.sort(torch.randperm(context, device="cuda")[:rows]).values.int().expand(batch, rows).contiguous()
+    out_dir = os.environ.get("OUT", ".")
     w = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv = batch * context * model.cfg.kv_bytes_per_token(2)
-    print(f"draft forward graph: {ms:.3f} ms; weights {w / 1e9:.2f} GB, KV {kv / 1e9:.2f} GB; floor at 4.26 TB/s "
-          f"{(w + kv) / 4.26e9:.3f} ms")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            fwd()  # eager: one kernel per op, per-kernel device times
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-    print(table)
-    with open(os.path.join(os.environ.get("OUT", "."), "profile-draft-forward.txt"), "w") as f:
-        f.write(table)
+    head = model.lm_head.weight.numel() * 2
+    for name, be, skinny in (("full", TritonAttention(), True), ("verify-set-cublas", SetAttention(idx), False),
+                             ("verify-set", SetAttention(idx), True)):
+        model.skinny = skinny  # the linears through skinny_linear (the runtime's choice) or cuBLAS
+        def fwd(be=be):
+            cache.lengths.fill_(context)
+            model(tok, cache, be, phase="draft", logits="last")
+
+        def body(be=be):
+            cache.lengths.fill_(context)
+            model(tok, cache, be, phase="draft", logits="none")
+
+        ms = graph_ms([fwd], replays=20, budget_ms=None, warmup=3)["median_ms"]
+        ms_body = graph_ms([body], replays=20, budget_ms=None, warmup=3)["median_ms"]
+        kv = batch * (context if name == "full" else rows) * model.cfg.kv_bytes_per_token(2)
+        print(f"[{name}] draft forward graph: {ms:.3f} ms (layers only {ms_body:.3f}); weights {w / 1e9:.2f} GB "
+              f"(head {head / 1e9:.3f}), KV {kv / 1e9:.3f} GB; floor at 4.26 TB/s {(w + kv) / 4.26e9:.3f} ms")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fwd()  # eager: one kernel per op, per-kernel device times
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        print(table)
+        with open(os.path.join(out_dir, f"profile-draft-forward-{name}.txt"), "w") as f:
+            f.write(table)
 
 
 if __name__ == "__main__":
-    main()
+    main(*(int(a) for a in sys.argv[1:]))
