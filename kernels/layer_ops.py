@@ -1,6 +1,7 @@
 """Fused per-layer elementwise ops of the decoder, so a decode step is a few kernels per layer:
 
-- `rms_norm`: y = w * norm(x) (one program per row);
+- `rms_norm`: y = w * norm(x) (one program per row; the norms are PDL launches on Hopper: they
+  start while the previous kernel finishes and wait for it first);
 - `add_rms_norm`: x += h, y = w * norm(x) (residual add fused with the next norm; h may be the
   partial sums that `skinny.skinny_linear` leaves under split-K);
 - `swiglu`: silu(gate) * up from the fused gate|up projection;
@@ -21,14 +22,17 @@ import triton.language as tl
 from dustin_kernels._util import check_out, next_pow2, pdl_supported, require
 
 try:  # grid dependency control; absent in older Triton
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - depends on the Triton version
-    gdc_launch_dependents = None
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
 def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo, shp,
-                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, P: tl.constexpr = 1):
+                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, P: tl.constexpr = 1, GDC: tl.constexpr = False):
+    if GDC:  # launched while the previous kernel finishes; wait for it before reading anything
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < d
@@ -47,6 +51,11 @@ def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo, shp,
     tl.store(Y + row * sy + cols, (w * xn).to(Y.dtype.element_ty), mask=mask)
 
 
+def _pdl(device: torch.device) -> dict:
+    """Launch keywords of a programmatic dependent launch where supported (the kernel waits first)."""
+    return {"GDC": True, "launch_pdl": True} if pdl_supported(device) else {}
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., d] as rows [n, d] (any row stride; elements of a row must be adjacent)."""
     require(x.stride(-1) == 1, "the last dimension must be contiguous")
@@ -58,7 +67,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x2 = _rows(x)
     y = torch.empty_like(x2)
     _rms_norm_kernel[(x2.shape[0],)](x2, x2, w, y, y, x2.shape[1], eps, x2.stride(0), 0, y.stride(0), 0, 0,
-                                      BLOCK=next_pow2(x2.shape[1]), HAS_RES=False)
+                                      BLOCK=next_pow2(x2.shape[1]), HAS_RES=False, **_pdl(x.device))
     return y.view(x.shape)
 
 
@@ -77,7 +86,7 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float,
     xo, y = torch.empty_like(x2), torch.empty_like(x2)
     _rms_norm_kernel[(x2.shape[0],)](x2, h3, w, y, xo, x2.shape[1], eps, x2.stride(0), h3.stride(1),
                                       y.stride(0), xo.stride(0), h3.stride(0),
-                                      BLOCK=next_pow2(x2.shape[1]), HAS_RES=True, P=h3.shape[0])
+                                      BLOCK=next_pow2(x2.shape[1]), HAS_RES=True, P=h3.shape[0], **_pdl(x.device))
     return xo.view(x.shape), y.view(x.shape)
 
 

@@ -13,6 +13,9 @@ slice and streams their weights once (probes/probe_skinny.py measured each shape
 path; a norm fused in front of the GEMM was slower there: every program re-reads the rows and the
 partial sums, so the norm stays one small kernel).
 
+On Hopper each launch is a programmatic dependent launch: a program fetches its first weight tile
+while the previous kernel finishes, then waits for it (`gdc_wait`) before reading activations.
+
 Rounding follows the model's reference path: SwiGLU rounds gate and up to the activation dtype
 before it, as the unfused path's bf16 projection does. `skinny_linear_ref` is the torch twin."""
 
@@ -21,7 +24,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dustin_kernels._util import cdiv, next_pow2, num_sms, require
+from dustin_kernels._util import cdiv, next_pow2, num_sms, pdl_supported, require
+
+try:  # grid dependency control; absent in older Triton
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - depends on the Triton version
+    gdc_launch_dependents = gdc_wait = None
 
 MAX_ROWS = 64  # beyond this a GEMM has enough rows to be cuBLAS's business
 SMEM = 160 * 1024  # shared memory a configuration may plan for (the H200 allows 227 KB per block)
@@ -34,6 +42,7 @@ def _skinny_kernel(
     sxm, swn, syp, sym,
     HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PARTIAL: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, PREC: tl.constexpr,
+    GDC: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -45,7 +54,23 @@ def _skinny_kernel(
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc2 = tl.zeros([BM, BN], dtype=tl.float32)
     k_lo = pid_k * K_SPLIT
-    for k0 in tl.range(k_lo, k_lo + K_SPLIT, BK, num_stages=STAGES):
+    k_first = k_lo
+    if GDC:  # launched while the previous kernel finishes: fetch the first weight tile (constant), then wait
+        rk = k_lo + tl.arange(0, BK)
+        kmask = rk < K
+        wmask = nmask[:, None] & kmask[None, :]
+        w = tl.load(W + rn[:, None] * swn + rk[None, :], mask=wmask, other=0.0)
+        if SWIGLU:
+            wu = tl.load(W + (rn + INTER)[:, None] * swn + rk[None, :], mask=wmask, other=0.0)
+        gdc_wait()  # everything below may depend on the previous kernel
+        gdc_launch_dependents()
+        x = tl.load(X + rm[:, None] * sxm + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        xd = x.to(tl.float32).to(dt)
+        acc = tl.dot(xd, tl.trans(w.to(tl.float32).to(dt)), acc, input_precision=PREC)
+        if SWIGLU:
+            acc2 = tl.dot(xd, tl.trans(wu.to(tl.float32).to(dt)), acc2, input_precision=PREC)
+        k_first = k_lo + BK
+    for k0 in tl.range(k_first, k_lo + K_SPLIT, BK, num_stages=STAGES):
         rk = k0 + tl.arange(0, BK)
         kmask = rk < K
         wmask = nmask[:, None] & kmask[None, :]
@@ -131,13 +156,15 @@ def skinny_linear(
     else:
         y = torch.empty(M, N, dtype=x.dtype, device=x.device)
         syp, sym = 0, y.stride(0)
+    gdc = pdl_supported(x.device)
     _skinny_kernel[(cdiv(N, cfg["BN"]), n_parts)](
         x2, w, bias if bias is not None else w, y,
         M, N, K, k_split, N,
         x2.stride(0), w.stride(0), syp, sym,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, PARTIAL=parts is not None,
         BM=max(16, next_pow2(M)), BN=cfg["BN"], BK=BK, STAGES=cfg["STAGES"],
-        PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"],
+        PREC="ieee" if x.dtype == torch.float32 else "tf32", GDC=gdc, num_warps=cfg["num_warps"],
+        **({"launch_pdl": True} if gdc else {}),
     )
     return y if parts is not None else y.view(*x.shape[:-1], N)
 

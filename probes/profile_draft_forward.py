@@ -1,7 +1,8 @@
 """Probe: where a draft decode forward spends its time (Qwen2.5-0.5B shape, batch 16, 32k context,
 random weights, CUDA graph), per kernel from the torch profiler, against its byte floor: over the
 whole cache (`full`) and over a verification set of S + 2 gamma + 1 rows (`verify-set`, what
-`--draft-kv verify-set` attends). `python probes/profile_draft_forward.py [batch] [context]`."""
+`--draft-kv verify-set` attends); with the linears through cuBLAS or `skinny_linear`, with and
+without programmatic dependent launches. `python probes/profile_draft_forward.py [batch] [context]`."""
 
 from __future__ import annotations
 
@@ -38,9 +39,16 @@ def main(batch=16, context=32768, rows=521):
     out_dir = os.environ.get("OUT", ".")
     w = sum(p.numel() * p.element_size() for p in model.parameters())
     head = model.lm_head.weight.numel() * 2
-    for name, be, skinny in (("full", TritonAttention(), True), ("verify-set-cublas", SetAttention(idx), False),
-                             ("verify-set", SetAttention(idx), True)):
+    import dustin_kernels.layer_ops as lo
+    import dustin_kernels.skinny as sk
+
+    pdl = sk.pdl_supported
+    for name, be, skinny, use_pdl in (("full", TritonAttention(), True, True),
+                                      ("verify-set-cublas", SetAttention(idx), False, True),
+                                      ("verify-set-nopdl", SetAttention(idx), True, False),
+                                      ("verify-set", SetAttention(idx), True, True)):
         model.skinny = skinny  # the linears through skinny_linear (the runtime's choice) or cuBLAS
+        sk.pdl_supported = lo.pdl_supported = pdl if use_pdl else (lambda device: False)
         def fwd(be=be):
             cache.lengths.fill_(context)
             model(tok, cache, be, phase="draft", logits="last")
