@@ -136,7 +136,7 @@ class Block(nn.Module):
     def forward(self, x, layer, rope, cache, backend, ctx, pending=None):
         """-> (x, pending): the fused path leaves the MLP's output as a pending residual that the
         next norm adds (one kernel less per layer); the reference path adds it here. On the skinny
-        path (a few rows: wo, the MLP and SwiGLU through `skinny_linear`) pending and wo's output are
+        path (a few rows: the layer's linears and SwiGLU through `skinny_linear`) pending and wo's output are
         fp32 partial sums [P, B * T, d] (split-K's slices) that the next norm adds up."""
         if rope.skinny:
             from dustin_kernels.layer_ops import add_rms_norm, rms_norm
@@ -147,7 +147,8 @@ class Block(nn.Module):
                 y = rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
             else:
                 x, y = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps, partials=True)
-            o = a.attend_qkv(a.wqkv(y), layer, rope, cache, backend, ctx)  # [B, T, H D]
+            qkv = skinny_linear(y, a.wqkv.weight, bias=a.wqkv.bias)  # [B, T, (H + 2G) D]
+            o = a.attend_qkv(qkv, layer, rope, cache, backend, ctx)  # [B, T, H D]
             if a.wo.bias is None:
                 h = skinny_linear(o, a.wo.weight, parts=skinny_split(a.wo.weight, x.device))  # [P, B T, d]
             else:

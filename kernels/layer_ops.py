@@ -143,7 +143,8 @@ def _rope_qkv_kernel(
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, HB: tl.constexpr,
     TRIGGER: tl.constexpr = False,
 ):
-    if TRIGGER:  # a PDL-launched attention kernel may start now; it waits for this grid before reading q
+    if TRIGGER:  # launched with PDL: wait for the previous kernel (it wrote qkv); then the attention
+        gdc_wait()  # kernel, also a PDL launch, may start now: it waits for this grid before reading q
         gdc_launch_dependents()
     bt = tl.program_id(0)
     head = tl.program_id(1) * HB + tl.arange(0, HB)  # [HB]: [0, H) query heads, [H, H + G) key/value heads
@@ -216,7 +217,7 @@ def rope_qkv_to_cache(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         H=num_heads, G=G, D=D, QK_NORM=qk_norm, HB=HB, TRIGGER=pdl_supported(qkv.device),
-        num_warps=4 if HB * D >= 1024 else 2,
+        num_warps=4 if HB * D >= 1024 else 2, **({"launch_pdl": True} if pdl_supported(qkv.device) else {}),
     )
     return q
 
