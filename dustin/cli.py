@@ -31,7 +31,7 @@ from dustin_runtime.errors import DustinError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 profile_app = typer.Typer(
-    no_args_is_help=True, subcommand_metavar="[show PROFILE]",
+    no_args_is_help=True, subcommand_metavar="[show PROFILE | vocab --draft D --out F]",
     help="Offline profiling: `dustin profile --target T --draft D [OPTIONS]` runs Algorithm 1 (retrieval heads "
          "and the draft/target split m maximising ARR) on calibration text and writes a versioned profile; "
          "`dustin profile show PROFILE` prints one.")
@@ -69,6 +69,10 @@ RefreshLayers = Annotated[str, typer.Option("--refresh-layers", help="dustin: ta
                                             "which the verification pass chooses the set again from that layer's "
                                             "current queries (every KV head); later layers attend it. Default: "
                                             "the profile's (`dustin profile --max-refresh`); 'none': no refresh.")]
+DraftVocab = Annotated[str | None, typer.Option("--draft-vocab", help="The draft's LM head over a vocabulary subset "
+                                               "(FR-Spec): PATH:K keeps the K most frequent tokens of a token-counts "
+                                               "file (`dustin profile vocab`) and EOS; the rest get probability 0 "
+                                               "(verification stays exact).")]
 MeasureArr = Annotated[bool, typer.Option("--measure-arr/--no-arr", help="Also record ARR (the share of the true "
                                           "verification attention the set keeps; one more pass per step).")]
 Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
@@ -250,6 +254,9 @@ def bench_e2e(
     m: int = typer.Option(112, min=0, max=MAX_TOKENS, help="Rows chosen by the draft's lookahead (0: target "
                                                            "history only)."),
     alphas: str = typer.Option("0.5,0.6,0.7,0.8,0.9", help="Alpha sweep for the plot ('' to skip)."),
+    draft_vocab: str | None = typer.Option(None, "--draft-vocab", help="The draft's LM head over a vocabulary "
+                                           "subset (FR-Spec), for every policy: K (preset shapes: ids 0..K-1) or "
+                                           "PATH:K (the K most frequent tokens of `dustin profile vocab`'s file)."),
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>[-tp<N>].json."),
     tp: TP = None,
     tp_select: TPSelect = "shared",
@@ -275,7 +282,8 @@ def bench_e2e(
     command = "dustin " + " ".join(sys.argv[1:])
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
-                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or ()) for b, c in pairs]
+                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab)
+            for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
     group = _start_tp(tp, "cuda", tp_select)
@@ -379,6 +387,40 @@ def profile(
                       "--policy dustin (a smaller --epsilon or more --windows may find some)[/]")
 
 
+@profile_app.command("vocab")
+def profile_vocab(
+    draft: Annotated[str | None, typer.Option(help="The draft (or any model of the pair's tokenizer).")] = None,
+    books_dir: Path | None = typer.Option(None, help="Books to count (default ../shared/corpus/gutenberg/train: "
+                                                     "not the calibration or eval split)."),
+    max_books: int | None = typer.Option(None, min=1, max=MAX_COUNT, help="Count the first N books only."),
+    out: Path = typer.Option(..., help="Token-counts JSON (its table: <out stem>.counts.parquet beside it)."),
+) -> None:
+    """Count every token of a corpus with the pair's tokenizer: the frequency ranking that
+    `--draft-vocab PATH:K` keeps the top K of (FR-Spec)."""
+    from rich.progress import Progress
+
+    from dustin_eval.corpus import book_paths, gutenberg_split, read_book
+    from dustin_profile.vocab import count_tokens, write_token_counts
+    from dustin_runtime.loader import resolve_checkpoint
+    from dustin_runtime.tokenizer import load_tokenizer
+
+    if draft is None:
+        raise DustinError("dustin profile vocab needs --draft (whose tokenizer counts)")
+    if out.suffix != ".json":
+        raise DustinError(f"{out}: the token counts artifact is a .json file (its table goes beside it)")
+    folder = books_dir or gutenberg_split("train")
+    paths = book_paths(folder)[:max_books]
+    tok = load_tokenizer(resolve_checkpoint(draft))
+    with Progress(console=err_console, transient=True) as bar:
+        task = bar.add_task("counting tokens", total=len(paths))
+        counts = count_tokens(tok, (read_book(p) for p in paths), on_text=lambda i: bar.advance(task))
+    path = write_token_counts(out, counts, tok, books=str(folder), n_books=len(paths), model_id=draft)
+    meta = json.loads(path.read_text())
+    cov = ", ".join(f"top {k}: {v:.4f}" for k, v in meta["coverage_of_top_k"].items())
+    console.print(f"wrote {path}: {meta['tokens']} tokens of {len(paths)} books, {meta['seen_tokens']} of "
+                  f"{meta['vocab_size']} ids seen; share of tokens in the {cov}", highlight=False)
+
+
 @profile_app.command("show")
 def profile_show(
     path: Path = typer.Argument(..., help="A profile JSON."),
@@ -427,14 +469,15 @@ def _start_tp(tp: int | None, device: str, select: str = "shared"):
     return group
 
 
-def _load_pair(target: str, draft: str | None, dtype: str, device: str, tp=None):
+def _load_pair(target: str, draft: str | None, dtype: str, device: str, tp=None, draft_vocab: str | None = None):
     """Pick the device and dtype, load the target (under tensor parallelism this rank's shard)
-    and the draft with a spinner."""
+    and the draft (its head over a vocabulary subset with `draft_vocab`) with a spinner."""
     from dustin_runtime import pipeline
 
     dev = pipeline.pick_device(device)
     with console.status("loading models", spinner="dots"):
-        return pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev, tp=tp)
+        return pipeline.load_pair(target, draft, dtype=pipeline.pick_dtype(dtype, dev), device=dev, tp=tp,
+                                  draft_vocab=draft_vocab)
 
 
 @app.command()
@@ -464,6 +507,7 @@ def decode(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    draft_vocab: DraftVocab = None,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
@@ -482,7 +526,7 @@ def decode(
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
     group = _start_tp(tp, device, tp_select)
-    tgt, drf = _load_pair(target, draft, dtype, device, group)
+    tgt, drf = _load_pair(target, draft, dtype, device, group, draft_vocab)
     hooks = None
     if drf is not None:
         from dustin_runtime.policies import make_policy
@@ -504,6 +548,7 @@ def eval_acceptance(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    draft_vocab: DraftVocab = None,
     contexts: Contexts = "4096,8192",
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
     max_new_tokens: NewTokens = 64,
@@ -555,7 +600,7 @@ def eval_acceptance(
         raise DustinError(f"--windows {windows}: each context's windows decode as one batch, which the draft "
                           f"splits over --tp {group.world}; give a multiple of {group.world}")
     with FolderLock(out_dir):
-        tgt, drf = _load_pair(target, draft, dtype, device, group)
+        tgt, drf = _load_pair(target, draft, dtype, device, group, draft_vocab)
         configs = sparse_configs(plans, tgt, drf)
         runs = out_dir / f"{name}.runs.jsonl"
 

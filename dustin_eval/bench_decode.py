@@ -104,7 +104,7 @@ def fill_cache(model: Transformer, batch: int, context: int, extra: int):
 
 
 def _weights_bytes(model: Transformer) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return model.weight_bytes_read()
 
 
 def _record(name: str, timing: dict, floor_bytes: int | None, copy_tbps: float, flops: float | None = None,

@@ -91,6 +91,7 @@ class E2EConfig:
     seed: int = 0
     tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
     refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
+    draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
 
     def check(self) -> None:
         bad = [p for p in self.policies if p not in POLICIES + REFRESH_POLICIES]
@@ -105,6 +106,13 @@ class E2EConfig:
             raise DustinError("--refresh-layers applies to the -r policies (dustin-r, dustin-vs-r), none of which "
                               "is among the policies")
         shape = preset_shape(self.target)
+        if self.draft_vocab is not None:
+            from dustin_runtime.draft_vocab import parse_spec
+
+            path, _ = parse_spec(self.draft_vocab)
+            if shape is None and path is None:
+                raise DustinError("--draft-vocab with checkpoints: give PATH:K (a token-counts file, `dustin "
+                                  "profile vocab`); K alone is for preset shapes with random weights")
         if shape is not None and self.refresh_layers and self.refresh_layers[-1] >= shape.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {shape.num_layers} "
                               f"layers (0..{shape.num_layers - 1}, {self.target})")
@@ -208,6 +216,10 @@ def load_pair(cfg: E2EConfig, tp=None) -> Pair:
                       for c in (shape, preset(dname)))
         t = random_model(tcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed, tp=tp).use_kernels()
         d = random_model(dcfg, dtype=torch.bfloat16, device="cuda", seed=cfg.seed + 1).use_kernels()
+        if cfg.draft_vocab is not None:
+            from dustin_runtime.draft_vocab import subset_for
+
+            d.restrict_head(subset_for(cfg.draft_vocab, dcfg.vocab_size))
         g = torch.Generator().manual_seed(cfg.seed)
         vocab = min(tcfg.vocab_size, dcfg.vocab_size)
         prompts = torch.randint(0, vocab, (cfg.batch, cfg.context), generator=g).tolist()
@@ -218,7 +230,8 @@ def load_pair(cfg: E2EConfig, tp=None) -> Pair:
     from dustin_runtime.pipeline import load_pair as load_checkpoints
     from dustin_runtime.tokenizer import eos_ids
 
-    tgt, drf = load_checkpoints(cfg.target, cfg.draft, dtype=torch.bfloat16, device="cuda", tp=tp)
+    tgt, drf = load_checkpoints(cfg.target, cfg.draft, dtype=torch.bfloat16, device="cuda", tp=tp,
+                                draft_vocab=cfg.draft_vocab)
     tgt.model.use_kernels(), drf.model.use_kernels()
     ids = tgt.tokenizer(read_filler(gutenberg_split("eval"), max_books=cfg.batch + 2),
                         add_special_tokens=False)["input_ids"]
@@ -295,8 +308,7 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     t, d, tp = pair.target.cfg, pair.draft.cfg, pair.target.tp
     P = 1 if tp is None else tp.world
     B, L, M, el = cfg.batch, cfg.context, cfg.gamma + 1, 2
-    w_t = sum(p.numel() * p.element_size() for p in pair.target.parameters())
-    w_d = sum(p.numel() * p.element_size() for p in pair.draft.parameters())
+    w_t, w_d = pair.target.weight_bytes_read(), pair.draft.weight_bytes_read()
     kv_row_t = t.kv_bytes_per_token(el) // P  # K and V of one token, all layers, this rank's KV heads
     draft_step = M * (w_d + B // P * L * d.kv_bytes_per_token(el))
     if policy == AR:
@@ -411,7 +423,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         "config": asdict(cfg),
         "models": {"target": pair.target_id, "draft": pair.draft_id,
                    "target_params": pair.target.cfg.num_params(), "draft_params": pair.draft.cfg.num_params(),
-                   "weights": "random (N(0, 0.02)), bf16" if pair.random else "checkpoint, bf16"},
+                   "weights": "random (N(0, 0.02)), bf16" if pair.random else "checkpoint, bf16",
+                   "draft_head_tokens": None if pair.draft.head_ids is None else int(pair.draft.head_ids.numel())},
         "shapes": {"batch": cfg.batch, "context": cfg.context, "gamma": cfg.gamma, "budget": cfg.budget,
                    "new_tokens": cfg.new_tokens, "capacity": eng.tcache.max_len},
         "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
@@ -437,7 +450,8 @@ def result_path(out_dir: Path, res: dict) -> Path:
     c = res["config"]
     name = c["target"].rstrip("/").split("/")[-1].lower()
     tp = f"-tp{c['tp']}" if c.get("tp", 1) > 1 else ""
-    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}{tp}.json"
+    dv = f"-dv{c['draft_vocab'].rpartition(':')[2]}" if c.get("draft_vocab") else ""  # vocabulary-subset draft head
+    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}{tp}{dv}.json"
 
 
 def write_result(res: dict, out_dir: Path) -> Path:

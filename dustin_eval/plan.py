@@ -199,8 +199,14 @@ def model_identity(m, info: bool = False):
 
     if info:
         return model_info(m.model_id, m.model.cfg, vocab_hash(m.tokenizer))
-    return {"id": m.model_id, "config": config_hash(m.model.cfg), "tokenizer": vocab_hash(m.tokenizer),
-            "weights": m.ckpt.weights_fingerprint()}
+    out = {"id": m.model_id, "config": config_hash(m.model.cfg), "tokenizer": vocab_hash(m.tokenizer),
+           "weights": m.ckpt.weights_fingerprint()}
+    if m.model.head_ids is not None:  # a vocabulary-subset head (--draft-vocab): which tokens it keeps
+        import hashlib
+
+        ids = m.model.head_ids.cpu().numpy().astype("int64").tobytes()
+        out["head_subset"] = {"tokens": int(m.model.head_ids.numel()), "sha256": hashlib.sha256(ids).hexdigest()[:16]}
+    return out
 
 
 def run_identity(target, draft) -> dict:

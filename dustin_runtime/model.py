@@ -20,6 +20,7 @@ from torch import nn
 
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.config import ModelConfig
+from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.rope import apply_rope, rope_table
 from dustin_runtime.tp import TensorParallel, shard_config
@@ -189,6 +190,8 @@ class Transformer(nn.Module):
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
         self.fused = False  # fused Triton layer ops (set by `use_kernels`; CUDA only)
         self.skinny = False  # and the linears of forwards of <= skinny.MAX_ROWS rows fused with them
+        self.head_ids: torch.Tensor | None = None  # [V'] int64: the LM head's vocabulary subset (restrict_head)
+        self.head_w: torch.Tensor | None = None  # [V', d]: its rows of the LM head
 
     def use_kernels(self, on: bool = True) -> Transformer:
         """Run norms, SwiGLU and RoPE + cache writes through the fused Triton kernels; forwards of
@@ -200,6 +203,45 @@ class Transformer(nn.Module):
         self.skinny = self.fused and self.tp is None and self.dtype in (torch.bfloat16, torch.float16,
                                                                         torch.float32)
         return self
+
+    def restrict_head(self, ids: torch.Tensor | None) -> Transformer:
+        """Compute logits only for the tokens `ids` (sorted, distinct; FR-Spec's frequency-ranked
+        subset, for a draft): the others get -inf, i.e. probability zero, so speculative sampling
+        stays exact (the target's rejection step corrects any draft distribution). The head then reads
+        V' rows instead of V. `None` restores the whole head. One process only (a draft is replicated)."""
+        if ids is None:
+            self.head_ids = self.head_w = None
+            return self
+        if self.tp is not None:
+            raise DustinError("a vocabulary-subset head needs an unsharded model (the draft)")
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        V = self.cfg.vocab_size
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= V:
+            raise DustinError(f"a vocabulary subset takes 1..{V} token ids in [0, {V}), got {ids.numel()} "
+                              f"ids in [{int(ids.min()) if ids.numel() else 0}, {int(ids.max()) if ids.numel() else 0}]")
+        ids = torch.unique(ids)  # sorted, distinct
+        self.head_ids = ids.to(self.device)
+        self.head_w = self.lm_head.weight.detach()[self.head_ids].contiguous()
+        return self
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head of normed hidden states h [..., d] -> float32 logits [..., V] (this rank's columns);
+        with a vocabulary subset, -inf outside it."""
+        if self.head_ids is None:
+            return self.lm_head(h).float()
+        sub = F.linear(h, self.head_w).float()  # [..., V']
+        out = torch.full((*sub.shape[:-1], self.shard.vocab_size), float("-inf"), dtype=torch.float32,
+                         device=sub.device)
+        return out.index_copy_(-1, self.head_ids, sub)
+
+    def weight_bytes_read(self) -> int:
+        """Bytes of weights one decode forward reads (byte floors): every parameter but the embedding
+        table (a forward gathers a few of its rows), plus the LM head's rows (its vocabulary subset's
+        when restricted; a tied head is the embedding table, read whole)."""
+        head = self.head_w if self.head_w is not None else self.lm_head.weight
+        skip = {id(self.embed.weight), id(self.lm_head.weight)}
+        rest = sum(p.numel() * p.element_size() for p in self.parameters() if id(p) not in skip)
+        return rest + head.numel() * head.element_size()
 
     @property
     def device(self) -> torch.device:
@@ -272,14 +314,14 @@ class Transformer(nn.Module):
 
             if logits == "last" and T > 1:
                 x, pending = x[:, -1:], pending.view(pending.shape[0], B, T, -1)[:, :, -1]
-            out = self.lm_head(add_rms_norm(x, pending, self.norm.weight, self.norm.eps, partials=True)[1]).float()
+            out = self.logits(add_rms_norm(x, pending, self.norm.weight, self.norm.eps, partials=True)[1])
             return out if local_vocab else self.gather_vocab(out)
         if logits == "last":
             x, pending = x[:, -1:], None if pending is None else pending[:, -1:]
         if pending is not None:
             from dustin_kernels.layer_ops import add_rms_norm
 
-            out = self.lm_head(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1]).float()
+            out = self.logits(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1])
         else:
-            out = self.lm_head(self.norm(x)).float()
+            out = self.logits(self.norm(x))
         return out if local_vocab else self.gather_vocab(out)

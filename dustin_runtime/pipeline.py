@@ -61,15 +61,28 @@ def load(spec: str, *, dtype: torch.dtype, device: str, tp: TensorParallel | Non
 
 
 def load_pair(
-    target: str, draft: str | None, *, dtype: torch.dtype, device: str, tp: TensorParallel | None = None
+    target: str, draft: str | None, *, dtype: torch.dtype, device: str, tp: TensorParallel | None = None,
+    draft_vocab: str | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Target and optional draft; refuses a draft whose vocabulary differs from the target's. Under
-    tensor parallelism (`tp`) the target is sharded and the draft replicated on every rank."""
+    tensor parallelism (`tp`) the target is sharded and the draft replicated on every rank. With
+    `draft_vocab` ('PATH:K', `dustin_runtime.draft_vocab`) the draft's head keeps K tokens (and EOS)."""
+    if draft_vocab is not None and draft is None:
+        raise DustinError("--draft-vocab restricts the draft's head: give --draft too")
+    if draft_vocab is not None:
+        from dustin_runtime.draft_vocab import parse_spec
+
+        parse_spec(draft_vocab)  # a malformed spec is refused before any model loads
     t = load(target, dtype=dtype, device=device, tp=tp)
     if draft is None:
         return t, None
     d = load(draft, dtype=dtype, device=device)
     check_same_vocab(t.tokenizer, d.tokenizer, t.model_id, d.model_id)
+    if draft_vocab is not None:
+        from dustin_runtime.draft_vocab import subset_for
+
+        keep = eos_ids(d.tokenizer, d.model.cfg.eos_token_ids)
+        d.model.restrict_head(subset_for(draft_vocab, d.model.cfg.vocab_size, d.tokenizer, keep))
     return t, d
 
 
@@ -182,6 +195,7 @@ def decode(
     meta = {
         "target": target.model_id,
         "draft": draft.model_id if draft else None,
+        "draft_head_tokens": None if draft is None or draft.model.head_ids is None else int(draft.model.head_ids.numel()),
         "device": str(target.model.device),
         "tp": 1 if target.model.tp is None else target.model.tp.world,
         "dtype": str(target.model.dtype).removeprefix("torch."),

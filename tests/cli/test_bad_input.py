@@ -383,6 +383,22 @@ CASES = {
     "bench-e2e-refresh-no-r-policy": (["bench", "e2e", "--refresh-layers", "9"], ["applies to the -r policies"]),
     "bench-e2e-refresh-streamingllm": (["bench", "e2e", "--policies", "streamingllm-r", "--refresh-layers", "9"],
                                        ["unknown policies streamingllm-r"]),
+    "bench-e2e-draft-vocab-zero": (["bench", "e2e", "--draft-vocab", "0"], ["K must be >= 1"]),
+    "bench-e2e-draft-vocab-k-with-checkpoints": (["bench", "e2e", "--target", "{T}", "--draft", "{D}",
+                                                  "--draft-vocab", "64"], ["give PATH:K"]),
+    "decode-draft-vocab-no-draft": (["decode", "--target", "{T}", "--prompt", "a", "--draft-vocab", "x.json:8"],
+                                    ["give --draft too"]),
+    "decode-draft-vocab-garbage": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
+                                    "--draft-vocab", "x.json:lots"], ["expected PATH:K"]),
+    "decode-draft-vocab-missing-file": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
+                                         "--draft-vocab", "{X}/none.json:8"], ["no such token-counts file"]),
+    "decode-draft-vocab-not-counts": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
+                                       "--draft-vocab", "{X}/file.txt:8"], ["not a token-counts JSON"]),
+    "profile-vocab-no-draft": (["profile", "vocab", "--out", "{X}/v.json"], ["needs --draft"]),
+    "profile-vocab-no-books": (["profile", "vocab", "--draft", "{D}", "--books-dir", "{X}/empty_dir",
+                                "--out", "{X}/v.json"], ["no .txt books"]),
+    "profile-vocab-not-json": (["profile", "vocab", "--draft", "{D}", "--books-dir", "{X}",
+                                "--out", "{X}/v.txt"], ["is a .json file"]),
 }
 
 

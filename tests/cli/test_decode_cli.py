@@ -26,3 +26,22 @@ def test_decode_json_record_speculative_equals_autoregressive(models, tmp_path, 
     assert sd["tokens"] == ar["tokens"] and sd["text"] == ar["text"]
     assert sd["stats"]["mode"] == "speculative" and sd["stats"]["gamma"] == 3
     assert ar["stats"]["mode"] == "autoregressive"
+
+
+def test_decode_with_a_vocabulary_subset_draft_keeps_the_tokens(models, tmp_path, run_cli):
+    """`dustin profile vocab` counts tokens of some books; `--draft-vocab PATH:K` restricts the draft's
+    head to the K most frequent: greedy speculative decoding still emits autoregressive decoding's
+    tokens, and the record names the head's size."""
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("Once upon a time the river ran to the sea. " * 40)
+    (books / "b.txt").write_text("The cat and the dog sat by the fire, and the night was long. " * 30)
+    counts = tmp_path / "vocab.json"
+    p = run_cli("profile", "vocab", "--draft", models["llama_draft"], "--books-dir", books, "--out", counts, ok=True)
+    assert "tokens of 2 books" in p.stdout and (tmp_path / "vocab.counts.parquet").exists()
+    common = ["--target", str(models["llama"]), "--prompt", "Once upon a time", "--max-new-tokens", "9", "--json"]
+    ar = json.loads(run_cli("decode", *common, ok=True).stdout.strip().splitlines()[-1])
+    sd = json.loads(run_cli("decode", *common, "--draft", str(models["llama_draft"]), "--gamma", "3",
+                            "--draft-vocab", f"{counts}:20", ok=True).stdout.strip().splitlines()[-1])
+    assert sd["tokens"] == ar["tokens"]
+    assert 20 <= sd["draft_head_tokens"] <= 23  # the 20 most frequent and the EOS ids

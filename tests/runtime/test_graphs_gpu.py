@@ -147,3 +147,19 @@ def test_bench_e2e_refresh_layers(tmp_path):
     assert res["summary"]["dustin-r"]["vs_no_refresh"] == pytest.approx(
         by["dustin-r"]["tokens_per_s"] / by["dustin"]["tokens_per_s"])
     assert res["sparse"]["refresh_layers"] == [8, 16]
+
+
+@pytest.mark.parametrize("policy", ["full", "dustin-vs"])
+def test_vocabulary_subset_draft_graph_path_equals_eager(pair, policy):
+    """A draft whose head keeps a subset of the vocabulary (--draft-vocab): the graph path (the head's
+    scatter into -inf logits captured too) equals the eager path, sequences of 16 through the
+    skinny kernels."""
+    t, d = pair
+    d.restrict_head(torch.arange(0, 131, 2))
+    try:
+        ps = prompts(16, seed=5)
+        eager = speculative_generate(t, d, ps, 20, gamma=4, hooks=hooks(policy, t, d), cuda_graphs=False)
+        graph = speculative_generate(t, d, ps, 20, gamma=4, hooks=hooks(policy, t, d))
+        assert graph.tokens == eager.tokens and graph.stats.accepted == eager.stats.accepted
+    finally:
+        d.restrict_head(None)
