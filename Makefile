@@ -65,6 +65,21 @@ repro-acceptance: .stamp-install
 		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
 		--gamma 4 --budgets 128,256,512,1024 --threads 1 --name smollm2-draft
 
+# The draft's vocabulary-subset head (FR-Spec): token counts of the Gutenberg train split
+# (profiles/smollm2-vocab.json), then tokens per step of full verification with the head over the
+# top 16384 / 8192 tokens and over all of them, 24 eval windows at 4k x 128 new tokens
+# (results/draft-vocab; CPU, ~10 min per run on 2 cores).
+.PHONY: repro-draft-vocab
+repro-draft-vocab: .stamp-install
+	$(PY) -m dustin.cli profile vocab --draft models/smollm2-draft --books-dir $(GUTENBERG)/train \
+		--out profiles/smollm2-vocab.json
+	for k in none 16384 8192; do \
+		$(PY) -m dustin.cli eval acceptance --policies full --budgets 512 --no-paired --no-arr \
+			--contexts 4096 --windows 24 --max-new-tokens 128 --out-dir results/draft-vocab --name k-$$k \
+			$$( [ $$k = none ] || echo --draft-vocab profiles/smollm2-vocab.json:$$k ) || exit 1; \
+	done
+	$(PY) probes/draft_vocab_table.py results/draft-vocab
+
 # The evaluations with power (16 windows x 1024 scored tokens, 8 windows x 256 new tokens, 4k and 8k,
 # S = 512, 95% intervals) on a GPU: results/pg19-16x1024/, results/acceptance-8x256/.
 .PHONY: repro-evals-gpu
