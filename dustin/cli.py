@@ -400,14 +400,13 @@ def profile_vocab(
     from rich.progress import Progress
 
     from dustin_eval.corpus import book_paths, gutenberg_split, read_book
-    from dustin_profile.vocab import count_tokens, write_token_counts
+    from dustin_profile.vocab import check_out, count_tokens, write_token_counts
     from dustin_runtime.loader import resolve_checkpoint
     from dustin_runtime.tokenizer import load_tokenizer
 
     if draft is None:
         raise DustinError("dustin profile vocab needs --draft (whose tokenizer counts)")
-    if out.suffix != ".json":
-        raise DustinError(f"{out}: the token counts artifact is a .json file (its table goes beside it)")
+    check_out(out)
     folder = books_dir or gutenberg_split("train")
     paths = book_paths(folder)[:max_books]
     tok = load_tokenizer(resolve_checkpoint(draft))

@@ -39,15 +39,21 @@ def count_tokens(tokenizer, texts, on_text: Callable[[int], None] | None = None)
     return counts
 
 
+def check_out(out: Path) -> Path:
+    """The artifact's path, refused unless it names a .json file (checked before any counting)."""
+    out = Path(out)
+    if out.suffix != ".json":
+        raise DustinError(f"{out}: the token counts artifact is a .json file (its table goes beside it)")
+    return out
+
+
 def write_token_counts(out: Path, counts: np.ndarray, tokenizer, *, books: str, n_books: int,
                        model_id: str) -> Path:
     """`out` (.json) and `out` with `.counts.parquet`, both written atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    out = Path(out)
-    if out.suffix != ".json":
-        raise DustinError(f"{out}: the token counts artifact is a .json file (its table goes beside it)")
+    out = check_out(out)
     table_path = out.with_suffix(".counts.parquet")
     table = pa.table({"token_id": np.arange(len(counts), dtype=np.int32), "count": counts.astype(np.int64)})
     with atomic_path(table_path) as tmp:

@@ -214,12 +214,11 @@ class Transformer(nn.Module):
             return self
         if self.tp is not None:
             raise DustinError("a vocabulary-subset head needs an unsharded model (the draft)")
-        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        ids = torch.unique(torch.as_tensor(ids, dtype=torch.long))  # sorted, distinct
         V = self.cfg.vocab_size
-        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise DustinError(f"a vocabulary subset takes 1..{V} token ids in [0, {V}), got {ids.numel()} "
-                              f"ids in [{int(ids.min()) if ids.numel() else 0}, {int(ids.max()) if ids.numel() else 0}]")
-        ids = torch.unique(ids)  # sorted, distinct
+        if ids.numel() == 0 or ids[0] < 0 or ids[-1] >= V:
+            raise DustinError(f"a vocabulary subset takes 1..{V} token ids in [0, {V}), got {ids.tolist()[:3]}"
+                              f"{'...' if ids.numel() > 3 else ''} ({ids.numel()} ids)")
         self.head_ids = ids.to(self.device)
         self.head_w = self.lm_head.weight.detach()[self.head_ids].contiguous()
         return self

@@ -208,6 +208,7 @@ def rope_qkv_to_cache(
     pos = positions.contiguous()
     qk_norm = q_norm is not None
     HB = min(16, next_pow2(num_heads + G))  # heads per program: one rope row load serves them all
+    pdl = pdl_supported(qkv.device)  # a PDL launch that waits for the qkv projection, then lets attention start
     _rope_qkv_kernel[(B * T, triton.cdiv(num_heads + G, HB))](
         qkv, rope, pos, q, k_cache, v_cache,
         q_norm if qk_norm else qkv, k_norm if qk_norm else qkv, eps,
@@ -216,8 +217,8 @@ def rope_qkv_to_cache(
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        H=num_heads, G=G, D=D, QK_NORM=qk_norm, HB=HB, TRIGGER=pdl_supported(qkv.device),
-        num_warps=4 if HB * D >= 1024 else 2, **({"launch_pdl": True} if pdl_supported(qkv.device) else {}),
+        H=num_heads, G=G, D=D, QK_NORM=qk_norm, HB=HB, TRIGGER=pdl, num_warps=4 if HB * D >= 1024 else 2,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return q
 

@@ -96,13 +96,18 @@ def test_rejection_sampling_first_token_distribution():
     assert abs((n > 0).float().mean().item() - overlap) < 0.01
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.8, top_p=0.9)])
-def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, sampling):
-    """End to end: the joint law of two sampled tokens equals the target's, computed exactly."""
+@pytest.mark.parametrize("sampling,subset", [(SamplingConfig(1.0), None), (SamplingConfig(0.8, top_p=0.9), None),
+                                             (SamplingConfig(1.0), (0, 2, 3, 7))])
+def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, sampling, subset):
+    """End to end: the joint law of two sampled tokens equals the target's, computed exactly; also
+    with the draft's head over a vocabulary subset (--draft-vocab: 5 of the 9 tokens get draft
+    probability zero)."""
     tfolder, _ = tiny_hf("qwen3", seed=21, vocab_size=9)
     dfolder, _ = tiny_hf("qwen3", seed=22, vocab_size=9)
     target, _ = load_model(str(tfolder))
     draft, _ = load_model(str(dfolder))
+    if subset is not None:
+        draft.restrict_head(torch.tensor(subset))
     prompt, N, V = [3, 1, 4, 1, 5], 6000, 9
     out = speculative_generate(target, draft, [prompt] * N, 2, gamma=2, sampling=sampling, seed=5)
     pairs = torch.tensor([t[0] * V + t[1] for t in out.tokens])
@@ -120,6 +125,8 @@ def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, samplin
     assert stat < crit, (stat, crit)
     acc = [a for row in out.stats.accepted for a in row if a >= 0]
     assert 0 < sum(acc) < 2 * len(acc)  # some drafts accepted, some rejected
+    if subset is not None:  # tokens outside the subset do come out (the target's residual)
+        assert {t[0] for t in out.tokens} - set(subset)
 
 
 def test_stats_are_consistent(pair):
