@@ -310,13 +310,14 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     B, L, M, el = cfg.batch, cfg.context, cfg.gamma + 1, 2
     w_t, w_d = pair.target.weight_bytes_read(), pair.draft.weight_bytes_read()
     kv_row_t = t.kv_bytes_per_token(el) // P  # K and V of one token, all layers, this rank's KV heads
-    draft_step = M * (w_d + B // P * L * d.kv_bytes_per_token(el))
+    F = cfg.gamma  # draft forwards per step
+    draft_step = F * (w_d + B // P * L * d.kv_bytes_per_token(el))
     if policy == AR:
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
     policy, sparse_draft, refresh = split_policy(policy)
     if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
-        draft_step = M * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
+        draft_step = F * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
     if policy == "full":
         target = w_t + B * L * kv_row_t
     else:

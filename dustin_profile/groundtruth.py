@@ -4,9 +4,10 @@ model code is untouched; no N x N matrix: prefill is chunked, a verification pas
 
 Per window, both models prefill the window's first `max(L)` tokens once. Then for each
 verification position L (largest first, so a pass only overwrites rows no later pass reads):
-- the draft drafts gamma tokens greedily from the context [0, L) and `cur` = token L, exactly as
-  in `speculative_generate` (gamma + 1 forwards, phase "draft"): its queries at the gamma + 1
-  verification positions give the draft lookahead signal of every draft KV head;
+- the draft drafts gamma tokens greedily from the context [0, L) and `cur` = token L, as in
+  `speculative_generate` (gamma forwards, phase "draft"; its cache here already holds [0, L), so
+  the first forward is cur alone): its queries at the first gamma verification positions (cur,
+  d_1, .., d_(gamma - 1)) give the draft lookahead signal of every draft KV head;
 - the target verifies [cur, d_1..d_gamma] (phase "verify"): the recorder computes its exact
   attention over the context plus the new tokens, every layer and head, and keeps per layer the
   context attention A of `dustin_runtime.recovery` (each query's context attention renormalised,
@@ -211,17 +212,16 @@ def record_window(
             through.lens = lens
         tok = torch.tensor([[tokens[L]]], device=device)
         drafted, conf = [], []
-        for j in range(M):
-            dl = draft(tok, dcache, drec, phase="draft", logits="last" if j < gamma else "none")
+        for j in range(gamma):
+            dl = draft(tok, dcache, drec, phase="draft", logits="last")
             dcache.advance(1)
-            if j < gamma:
-                p = torch.softmax(dl[:, -1, :V].float(), dim=-1)  # [1, V]
-                tok = (torch.tensor([[tokens[L + j + 1]]], device=device) if verify_tokens == "text"
-                       else p.argmax(-1, keepdim=True))
-                drafted.append(tok)
-                conf.append(p.gather(1, tok))
+            p = torch.softmax(dl[:, -1, :V].float(), dim=-1)  # [1, V]
+            tok = (torch.tensor([[tokens[L + j + 1]]], device=device) if verify_tokens == "text"
+                   else p.argmax(-1, keepdim=True))
+            drafted.append(tok)
+            conf.append(p.gather(1, tok))
         for layer in range(draft.cfg.num_layers):
-            qd = torch.stack(drec.q_steps[layer], dim=1).unsqueeze(0)  # [1, H, M, D]
+            qd = torch.stack(drec.q_steps[layer], dim=1).unsqueeze(0)  # [1, H, gamma, D]
             dsig[layer][:, i] = kv_head_signals(qd, dcache.k[layer][:, :, :N], lens)[:, 0].float().cpu()
         d = torch.cat(drafted, dim=1)  # [1, gamma]
         vt = torch.cat([torch.tensor([[tokens[L]]], device=device), d], dim=1)

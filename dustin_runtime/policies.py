@@ -135,8 +135,9 @@ class _DraftBackend(AttentionBackend):
 class DraftSet:
     """What the draft attends while drafting with `draft_kv="verify-set"`, one [B, S + 2 gamma + 1]
     int32 row set per sequence (-1 = none): the latest verification set (chosen at context L0),
-    the rows committed since ([L0, L), at most gamma + 1) and this step's drafts already written
-    ([L, L + i) at draft forward i; the forward's own token is the kernel's new token)."""
+    the rows committed since ([L0, min(L, start)), at most gamma + 1) and this step's drafts already
+    written ([L, start) at a forward from row `start`; the forward's own tokens are the kernel's new
+    tokens: the first forward of a step starts at L - 1, its [prev, cur])."""
 
     def __init__(self, batch: int, budget: int, gamma: int, device):
         self.S, self.W, self.gamma = budget, gamma + 1, gamma
@@ -153,7 +154,8 @@ class DraftSet:
         """Before a draft forward at rows start [B] of a step at context lengths lens [B]."""
         W, g = self.W, self.gamma
         since = self.set_lens.view(-1, 1) + self.j[:W]  # [B, W]
-        self.idx[:, self.S: self.S + W].copy_(torch.where(since < lens.view(-1, 1), since, -1))
+        upto = torch.minimum(lens, start).view(-1, 1)  # rows from `start` on are the forward's own
+        self.idx[:, self.S: self.S + W].copy_(torch.where(since < upto, since, -1))
         mine = lens.view(-1, 1) + self.j[:g]  # [B, gamma]
         self.idx[:, self.S + W:].copy_(torch.where(mine < start.view(-1, 1), mine, -1))
 
@@ -238,9 +240,10 @@ class SparsePolicy(SpecHooks):
             self.drafting.slot = -1
 
     def after_prefill(self) -> None:
-        if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals
-            self.select(self.tcache.lengths)
-            self.draft_set.chosen(self.indices[self.rows], self.tcache.lengths[self.rows])
+        if self.draft_set is not None:  # the first step drafts over a set chosen from the prefill's signals,
+            lens = (self.tcache.lengths - 1).clamp_min(0)  # over [0, L - 1): its first forward starts at L - 1
+            self.select(lens)
+            self.draft_set.chosen(self.indices[self.rows], lens[self.rows])
 
     def drafted(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens

@@ -1,9 +1,9 @@
 """Online importance signals from the retrieval heads (SRHs), per sequence over the context [0, L).
 
-- Draft lookahead: while the draft produces this step's tokens, its SRH queries at the gamma + 1
-  verification positions are stashed (one scatter per draft forward, no host sync); after drafting
-  they score the context once per SRH layer (M = gamma + 1 queries per call, so the keys are read
-  once per step, not once per draft token).
+- Draft lookahead: while the draft produces this step's tokens, its SRH queries at the first gamma
+  verification positions (cur, d_1, .., d_(gamma - 1): the positions it is fed) are stashed (one
+  copy per draft forward, no host sync); after drafting they score the context once per SRH layer
+  (M = gamma queries per call, so the keys are read once per step, not once per draft token).
 - Target history: in each verification pass the target's SRH queries (the gamma + 1 verification
   queries) score the pass's context [0, L); the result is the next step's history. The prefill's
   last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one.
@@ -70,24 +70,25 @@ def normalise_(scores: torch.Tensor) -> torch.Tensor:
 
 
 class DraftLookahead:
-    """The draft's SRH queries of one step ([B, Hs, gamma + 1, D] per layer) and their scoring."""
+    """The draft's SRH queries of one step ([B, Hs, gamma, D] per layer: those of cur, d_1, ..,
+    d_(gamma - 1), one per draft forward; d_gamma is never fed) and their scoring."""
 
     def __init__(self, heads: tuple[Head, ...], batch: int, gamma: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str, reduce: str, ops: SparseOps):
         self.layers = layer_heads(heads, device)
         self.reduce, self.ops = reduce, ops
-        self.q = {layer: torch.zeros(batch, lh.query.numel(), gamma + 1, head_dim, dtype=dtype, device=device)
+        self.q = {layer: torch.zeros(batch, lh.query.numel(), gamma, head_dim, dtype=dtype, device=device)
                   for layer, lh in self.layers.items()}
 
     def stash(self, layer: int, q: torch.Tensor, slot: int) -> None:
-        """Keep the SRH queries of one draft forward: q [B, H, 1, D] at verification slot `slot`
-        (the forward's index in the step: its position - L, the same for every sequence). One copy
-        when the layer's query heads are one contiguous range."""
+        """Keep the SRH queries of one draft forward's last token: q [B, H, T, D] at verification
+        slot `slot` (the forward's index in the step: its last token's position - L, the same for
+        every sequence). One copy when the layer's query heads are one contiguous range."""
         lh, buf = self.layers[layer], self.q[layer]
         if lh.span is not None:
-            buf[:, :, slot].copy_(q[:, lh.span[0]: lh.span[1], 0])
+            buf[:, :, slot].copy_(q[:, lh.span[0]: lh.span[1], -1])
         else:
-            buf[:, :, slot].copy_(q[:, lh.query, 0])
+            buf[:, :, slot].copy_(q[:, lh.query, -1])
 
     def score(self, k_caches: list[torch.Tensor], lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [B, N_max] = the lookahead signal over [0, lens) from the stashed queries."""

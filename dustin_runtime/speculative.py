@@ -2,12 +2,14 @@
 
 One step per batch, static shapes, no host sync inside, four phases (each eager or one CUDA
 graph, `dustin_runtime.engine`):
-  draft:  feed cur, d_1, .., d_gamma to the draft (gamma + 1 forwards; the last one only writes
-          d_gamma's K/V and gives the lookahead queries of every verification position);
+  draft:  gamma draft forwards: [prev, cur] (two tokens: prev is the token before cur, whose
+          K/V the draft lacks when the last step accepted every draft, since d_gamma is never fed;
+          otherwise it is rewritten with the same token), then d_1, .., d_(gamma - 1);
   select: the verification policy's hook (nothing for full verification);
   verify: one target forward over [cur, d_1..d_gamma];
   accept: greedy matching or rejection sampling -> n accepted and the next token per sequence;
-          both caches keep cur, d_1..d_n (length += n + 1); rejected rows are dropped by length.
+          both caches keep cur, d_1..d_n (length += n + 1; the draft's lacks d_gamma's row until the
+          next step's first forward); rejected rows are dropped by length.
 
 Under tensor parallelism (`target.tp`, `dustin_runtime.tp`) the target is sharded and the draft
 replicated: each rank drafts its rows of the batch over its own draft cache and the drafted tokens
@@ -174,7 +176,8 @@ def speculative_generate(
         st.objs["loop"] = _SpecLoop(target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new_tokens,
                                     st.generator, V, replay is not None)
         book = st.objs["loop"].book
-        st.mutable = [tcache.lengths, dcache.lengths, st.objs["loop"].cur, book.produced, book.done, book.step]
+        st.mutable = [tcache.lengths, dcache.lengths, st.objs["loop"].cur, st.objs["loop"].prev, book.produced,
+                      book.done, book.step]
 
     st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
     hooks, loop = st.objs["hooks"], st.objs["loop"]
@@ -199,6 +202,7 @@ def speculative_generate(
         prefill(draft, dcache, prompts[loop.rows], loop.d_backend, chunk=prefill_chunk, tail=tail, start=start)
         hooks.after_prefill()
     loop.cur.copy_(torch.tensor([p[-1] for p in prompts]))
+    loop.prev.copy_(torch.tensor([p[-2] if len(p) > 1 else p[-1] for p in prompts]))
     steps, t_steps = 0, start_steps(device)
     while not loop.book.all_done():
         for phase, fn in loop.phases.items():
@@ -246,6 +250,7 @@ class _SpecLoop:
         self.t_backend, self.d_backend = hooks.target_backend(base), hooks.draft_backend(base)
         self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new)
         self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
+        self.prev = torch.zeros(B, dtype=torch.long, device=device)  # [B] the token before it (cur at length 0)
         self.replay = torch.zeros(tcache.max_len + 1, B, dtype=torch.long, device=device) if replayed else None
         self.step: dict[str, torch.Tensor] = {}  # values passed between the phases of one step
         self.phases = {"draft": self.draft_phase, "select": hooks.before_verify, "verify": self.verify_phase,
@@ -262,22 +267,28 @@ class _SpecLoop:
         self.replay[c.shape[0]:].copy_(c[-1:].expand(n - c.shape[0], -1))
 
     def draft_phase(self) -> None:
-        """gamma + 1 draft forwards (the last only writes d_gamma's K/V and gives the lookahead
-        queries of every verification position), with the token choice of each."""
+        """gamma draft forwards, the first over [prev, cur] from length L - 1 (module docstring), with
+        the token choice of each; the draft's cache ends at L + gamma (d_gamma is never fed)."""
         self.hooks.before_draft()
-        tok, drafted, qs = self.cur[self.rows], [], []
+        L = self.tcache.lengths[self.rows]  # [b] committed rows (cur sits at L)
+        self.dcache.set_lengths((L - 1).clamp_min(0))  # at L = 0 (a one-token prompt): [cur, cur] from 0
+        tok = torch.stack([self.prev[self.rows], self.cur[self.rows]], dim=1)  # [b, 2]
+        drafted, qs = [], []
         for i in range(self.gamma):
-            logits = self.draft(tok.view(-1, 1), self.dcache, self.d_backend, phase="draft")[..., : self.V]
+            logits = self.draft(tok, self.dcache, self.d_backend, phase="draft", logits="last")[..., : self.V]
             logits = self.book.mask_early_stops(logits, offset=i, rows=self.drows)[:, -1]
-            self.dcache.advance(1)
+            if i == 0:
+                self.dcache.set_lengths(L + 1)
+            else:
+                self.dcache.advance(1)
             if self.sampling.greedy:
-                tok = logits.argmax(-1)
+                nxt = logits.argmax(-1)
             else:
                 q = probs_from_logits(logits, self.sampling)
-                tok = sample(q, self.gen, rows=self.drows, batch=self.tcache.batch)
+                nxt = sample(q, self.gen, rows=self.drows, batch=self.tcache.batch)
                 qs.append(q)
-            drafted.append(tok)
-        self.draft(tok.view(-1, 1), self.dcache, self.d_backend, phase="draft", logits="none")
+            drafted.append(nxt)
+            tok = nxt.view(-1, 1)
         d = torch.stack(drafted, dim=1)  # [B, gamma] (under TP: this rank's rows, then all of them)
         if self.tp is not None:
             d = self.tp.gather_rows(d)
@@ -301,5 +312,7 @@ class _SpecLoop:
         advance = self.book.emit(emitted, n + 1)
         self.tcache.advance(advance.to(torch.int32))
         self.dcache.set_lengths(self.tcache.lengths[self.rows])
-        self.cur.copy_(torch.where(advance > 0, nxt, self.cur))
+        live = advance > 0
+        self.prev.copy_(torch.where(live, self.step["vt"].gather(1, n.view(-1, 1)).view(-1), self.prev))
+        self.cur.copy_(torch.where(live, nxt, self.cur))
         self.hooks.after_verify(n, advance)

@@ -112,8 +112,11 @@ def _run_one(target, draft, sequences, context, gamma, hooks, tcache, dcache, sh
     while p + w < total:
         window = ids[:, p : p + w]  # [B, w]: cur and the next w - 1 true tokens
         hooks.before_draft()
-        if draft is not None:
-            for i in range(w):
+        if draft is not None:  # as the loop drafts: [prev, cur] from p - 1, then t_1 .. t_(gamma - 1)
+            dcache.set_lengths(tcache.lengths[rows] - 1)
+            draft(ids[rows, p - 1 : p + 1], dcache, d_backend, phase="draft", logits="none")
+            dcache.advance(2)
+            for i in range(1, gamma):
                 draft(window[rows, i : i + 1], dcache, d_backend, phase="draft", logits="none")
                 dcache.advance(1)
         hooks.drafted(window)

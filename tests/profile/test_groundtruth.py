@@ -63,7 +63,7 @@ def test_text_mode_matches_hf_attention(pair):
         hist = renorm(pt[:, :, L - M: L, : L - M])  # previous pass: queries [L-M, L) over [0, L-M)
         torch.testing.assert_close(rec["target"][:, i, : L - M], kv_sum(hist, Gt), atol=1e-4, rtol=1e-4)
         assert rec["target"][:, i, L - M:].abs().sum() == 0
-        look = renorm(pd[:, :, L: L + M, :L])  # draft's queries at the verification positions
+        look = renorm(pd[:, :, L: L + GAMMA, :L])  # draft's queries at the positions it is fed (cur, d_1..)
         torch.testing.assert_close(rec["draft"][:, i, :L], kv_sum(look, Gd), atol=1e-4, rtol=1e-4)
         q = rec["quest"][i]  # [layers, budgets]
         assert (q[:, 1:] >= q[:, :-1] - 1e-6).all() and (q <= 1 + 1e-5).all()

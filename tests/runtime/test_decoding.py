@@ -171,3 +171,29 @@ def test_teacher_forced_full_equals_one_forward(pair):
         assert abs(res.nll[b] + lp[b].sum().item()) < 1e-3
         by_offset = -lp[b].view(5, 5).sum(0)  # [windows, offset] -> per offset of the 5 window queries
         assert torch.allclose(torch.tensor(res.nll_by_offset[b], dtype=torch.float32), by_offset, atol=1e-3)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_draft_cache_catches_up_on_the_unfed_last_draft(tiny_hf, gamma):
+    """The loop never feeds d_gamma to the draft; when every draft is accepted the next step's first
+    forward writes it ([prev, cur] from L - 1). With the draft = the target every draft is accepted,
+    so the draft's cache must hold, row for row, the target's K/V of every committed token but the
+    last step's d_gamma (a one-token prompt included: its first forward is [cur, cur] from 0)."""
+    from dustin_runtime.engine import Engine
+
+    folder, _ = tiny_hf("llama3", seed=11)
+    model, _ = load_model(str(folder))
+    prompts, new = [[5, 9, 17, 3], [100], [44, 2, 8, 90, 13]], [13, 17, 11]
+    eng = Engine(model, model)
+    res = speculative_generate(model, model, prompts, new, gamma=gamma, engine=eng)
+    assert res.tokens == generate(model, prompts, new).tokens
+    for b in range(len(prompts)):  # every step accepts every draft but a row's last (cut at its length)
+        steps = [row[b] for row in res.stats.accepted if row[b] >= 0]
+        assert len(steps) > 1 and all(a == gamma for a in steps[:-1]), steps
+    tc, dc = eng.tcache, eng.dcache
+    for b, p in enumerate(prompts):
+        n = int(tc.lengths[b])  # committed rows
+        assert int(dc.lengths[b]) == n and n >= len(p) + len(res.tokens[b]) - 1
+        for layer in range(len(tc.k)):
+            for mine, theirs in ((dc.k[layer], tc.k[layer]), (dc.v[layer], tc.v[layer])):
+                torch.testing.assert_close(mine[b, :, : n - 1], theirs[b, :, : n - 1], atol=1e-5, rtol=1e-4)

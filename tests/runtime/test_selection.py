@@ -104,13 +104,14 @@ def test_signals_equal_a_direct_softmax():
     lens = torch.tensor([17, 30], dtype=torch.int32)
     heads = ((0, 1, (2, 3)), (2, 0, (1,)))
     look = DraftLookahead(heads, B, gamma, D, torch.float32, "cpu", "sum", REF)
-    qs = [torch.randn(B, H, 1, D, generator=g) for _ in range(gamma + 1)]
-    for j in reversed(range(gamma + 1)):  # any order: each query lands in its slot
+    qs = [torch.randn(B, H, 1, D, generator=g) for _ in range(gamma)]  # one per draft forward
+    first = torch.cat([torch.randn(B, H, 1, D, generator=g), qs[0]], dim=2)  # the first forward: [prev, cur]
+    for j in reversed(range(gamma)):  # any order: each forward's last query lands in its slot
         for layer in look.layers:
-            look.stash(layer, qs[j], j)
+            look.stash(layer, first if j == 0 else qs[j], j)
     out = torch.full((B, N), 7.0)
     look.score(k, lens, out)
-    q = torch.cat(qs, dim=2)  # [B, H, gamma + 1, D]
+    q = torch.cat(qs, dim=2)  # [B, H, gamma, D]
     for b in range(B):
         L = int(lens[b])
         want = _softmax_mass(q[b, 2:4], k[0][b, 1].expand(2, N, D), L) + _softmax_mass(q[b, 1:2], k[2][b, 0:1], L)
