@@ -2,7 +2,9 @@
 random weights, CUDA graph), per kernel from the torch profiler, against its byte floor: over the
 whole cache (`full`) and over a verification set of S + 2 gamma + 1 rows (`verify-set`, what
 `--draft-kv verify-set` attends); with the linears through cuBLAS or `skinny_linear`, with and
-without programmatic dependent launches. `python probes/profile_draft_forward.py [batch] [context]`."""
+without programmatic dependent launches; and the loop's first forward of a step, two tokens
+([prev, cur], `verify-set-T2`). `python probes/profile_draft_forward.py [batch] [context] [rows] [modes]`
+(modes: comma-separated names, default all)."""
 
 from __future__ import annotations
 
@@ -28,13 +30,13 @@ class SetAttention(AttentionBackend):
 
 
 @torch.inference_mode()
-def main(batch=16, context=32768, rows=521):
+def main(batch=16, context=32768, rows=521, modes=""):
     model = random_model(preset("qwen2.5-0.5b"), dtype=torch.bfloat16, device="cuda").use_kernels()
     cache = model.allocate_cache(batch, context + 8)
     for t in cache.k + cache.v:
         t.normal_()
     cache.lengths.fill_(context)
-    tok = torch.randint(0, 1000, (batch, 1), device="cuda")
+    toks = {1: torch.randint(0, 1000, (batch, 1), device="cuda"), 2: torch.randint(0, 1000, (batch, 2), device="cuda")}
     idx = torch.sort(torch.randperm(context, device="cuda")[:rows]).values.int().expand(batch, rows).contiguous()
     out_dir = os.environ.get("OUT", ".")
     w = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -43,17 +45,20 @@ def main(batch=16, context=32768, rows=521):
     import dustin_kernels.skinny as sk
 
     pdl = sk.pdl_supported
-    for name, be, skinny, use_pdl in (("full", TritonAttention(), True, True),
-                                      ("verify-set-cublas", SetAttention(idx), False, True),
-                                      ("verify-set-nopdl", SetAttention(idx), True, False),
-                                      ("verify-set", SetAttention(idx), True, True)):
+    runs = (("full", TritonAttention(), True, True, 1), ("verify-set-cublas", SetAttention(idx), False, True, 1),
+            ("verify-set-nopdl", SetAttention(idx), True, False, 1), ("verify-set", SetAttention(idx), True, True, 1),
+            ("verify-set-T2", SetAttention(idx), True, True, 2))
+    for name, be, skinny, use_pdl, T in runs:
+        if modes and name not in modes.split(","):
+            continue
+        tok = toks[T]
         model.skinny = skinny  # the linears through skinny_linear (the runtime's choice) or cuBLAS
         sk.pdl_supported = lo.pdl_supported = pdl if use_pdl else (lambda device: False)
-        def fwd(be=be):
+        def fwd(be=be, tok=tok):
             cache.lengths.fill_(context)
             model(tok, cache, be, phase="draft", logits="last")
 
-        def body(be=be):
+        def body(be=be, tok=tok):
             cache.lengths.fill_(context)
             model(tok, cache, be, phase="draft", logits="none")
 
@@ -73,4 +78,5 @@ def main(batch=16, context=32768, rows=521):
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:]))
+    a = sys.argv[1:]
+    main(*(int(x) for x in a[:3]), *a[3:4])
