@@ -114,19 +114,21 @@ def skinny_split(w: torch.Tensor, device: torch.device) -> int:
 
 def skinny_config(M: int, N: int, K: int, split_k: int, swiglu: bool, sms: int, itemsize: int = 2) -> dict:
     """Block sizes (probes/probe_skinny.py): 64 columns and 128-wide K steps per program, fewer
-    columns when that leaves programs for less than a wave, and with SwiGLU (two accumulators) at
-    most 512 accumulator cells per program (32 columns at 16 rows, 16 at 32: gate|up at 32 rows
-    took 9.8 us with 32 columns and 4 warps, 7.6 with 16 and 2, Qwen2.5-0.5B on the H200); stages
-    cut to fit the shared memory."""
+    columns when that leaves programs for less than a wave; stages cut to fit the shared memory.
+    SwiGLU (two accumulators): up to 32 padded rows, at most 512 accumulator cells per program and
+    2 warps (gate|up of Qwen2.5-0.5B at 32 rows, H200: 9.8 us with 32 columns and 4 warps, 7.6
+    with 16 and 2; 16 rows: 7.7 / 7.5); at 64 padded rows 4 warps and no cap (with the cap, the
+    7B target's verification at batch 8, 40 rows, was 0.26 ms slower)."""
     bm = max(16, next_pow2(M))
+    small = swiglu and bm <= 32
     bn = 64
-    while bn > 16 and (cdiv(N, bn) * split_k < sms or (swiglu and bm * bn > 512)):
+    while bn > 16 and (cdiv(N, bn) * split_k < sms or (small and bm * bn > 512)):
         bn //= 2
     bk = 128 if K >= 128 else max(16, next_pow2(K))
     stages = 4
     while stages > 2 and stages * (bm + bn * (2 if swiglu else 1)) * bk * itemsize > SMEM:
         stages -= 1
-    return {"BN": bn, "BK": bk, "STAGES": stages, "num_warps": 2}
+    return {"BN": bn, "BK": bk, "STAGES": stages, "num_warps": 4 if swiglu and not small else 2}
 
 
 def skinny_linear(

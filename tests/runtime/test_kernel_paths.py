@@ -8,6 +8,8 @@ from dustin_runtime.attention import TorchAttention, TritonAttention
 from dustin_runtime.loader import load_model
 from dustin_runtime.speculative import speculative_generate
 
+pytestmark = pytest.mark.interpreter  # CPU models: on a GPU host the gpu tests (test_graphs_gpu) cover these paths
+
 
 @pytest.mark.parametrize("kind", ["llama3", "qwen3", "qwen2"])
 def test_fused_model_matches_reference(tiny_hf, kind):
