@@ -189,7 +189,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
         self.fused = False  # fused Triton layer ops (set by `use_kernels`; CUDA only)
-        self.skinny = False  # and the linears of forwards of <= skinny.MAX_ROWS rows fused with them
+        self.skinny = False  # and the linears of forwards of <= skinny.ROUTE_ROWS rows fused with them
         self.head_ids: torch.Tensor | None = None  # [V'] int64: the LM head's vocabulary subset (restrict_head)
         self.head_w: torch.Tensor | None = None  # [V', d]: its rows of the LM head
 
@@ -295,9 +295,9 @@ class Transformer(nn.Module):
         start = cache.lengths.clone()  # [B] int32
         positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
         if self.fused:
-            from dustin_kernels.skinny import MAX_ROWS
+            from dustin_kernels.skinny import ROUTE_ROWS
 
-            rope = Rope(True, self.rope, skinny=self.skinny and B * T <= MAX_ROWS)
+            rope = Rope(True, self.rope, skinny=self.skinny and B * T <= ROUTE_ROWS)
         else:
             rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)

@@ -35,7 +35,9 @@ try:  # grid dependency control; absent in older Triton
 except ImportError:  # pragma: no cover - depends on the Triton version
     gdc_launch_dependents = gdc_wait = None
 
-MAX_ROWS = 32  # beyond this cuBLAS is faster (40 rows, H200: the 7B linears 171 vs 140 us per layer, probes/results)
+MAX_ROWS = 64  # what the kernel takes (shared memory at 64 rows checked)
+ROUTE_ROWS = 32  # what a model sends it: at 40 rows cuBLAS is faster (H200, the 7B target's linears 140 vs 171 us
+#                  per layer, probes/results/probe-skinny-40rows-d6e47e3.log); at 16 and 32 skinny wins or ties
 SMEM = 160 * 1024  # shared memory a configuration may plan for (the H200 allows 227 KB per block)
 
 

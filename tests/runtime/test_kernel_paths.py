@@ -59,7 +59,7 @@ def test_speculative_with_kernels_equals_reference(tiny_hf):
 
 @pytest.mark.parametrize("kind", ["qwen2", "mistral"])
 def test_skinny_path_matches_reference(tiny_hf, kind, monkeypatch):
-    """Forwards of <= 64 rows run wo and the MLP through `skinny_linear` (partial sums into the next
+    """Forwards of <= 32 rows run wo and the MLP through `skinny_linear` (partial sums into the next
     norm); the logits of every position and of the last one match the reference path's."""
     import dustin_kernels.skinny as sk
 
@@ -72,17 +72,18 @@ def test_skinny_path_matches_reference(tiny_hf, kind, monkeypatch):
     real = sk.skinny_linear
     monkeypatch.setattr(sk, "skinny_linear", lambda *a, **k: calls.append(k) or real(*a, **k))
     g = torch.Generator().manual_seed(36)
-    tokens = torch.randint(0, 131, (3, 26), generator=g)
+    tokens = torch.randint(0, 131, (3, 16), generator=g)
     c1, c2 = ref.allocate_cache(3, 40), fast.allocate_cache(3, 40)
-    ref(tokens[:, :21], c1, TorchAttention(), phase="prefill", kv_len=21, logits="none")
-    fast(tokens[:, :21], c2, TritonAttention(), phase="prefill", kv_len=21, logits="none")  # 63 rows: skinny
-    assert len(calls) == 4 * fast.cfg.num_layers and any(k.get("swiglu") for k in calls)
-    c1.advance(21), c2.advance(21)
-    for logits in ("all", "last"):
-        a = ref(tokens[:, 21:], c1, TorchAttention(), phase="verify", logits=logits)
-        b = fast(tokens[:, 21:], c2, TritonAttention(), phase="verify", logits=logits)
-        assert a.shape == b.shape and (a - b).abs().max() <= 1e-4
-    calls.clear()
-    fast(tokens[:, :22], fast.allocate_cache(3, 40), TritonAttention(), phase="prefill", kv_len=22,
-         logits="none")  # 66 rows: cuBLAS
+    ref(tokens[:, :11], c1, TorchAttention(), phase="prefill", kv_len=11, logits="none")
+    fast(tokens[:, :11], c2, TritonAttention(), phase="prefill", kv_len=11, logits="none")  # 33 rows: cuBLAS
     assert not calls
+    c1.advance(11), c2.advance(11)
+    for logits in ("all", "last"):  # 3 x 5 = 15 rows: skinny
+        a = ref(tokens[:, 11:], c1, TorchAttention(), phase="verify", logits=logits)
+        b = fast(tokens[:, 11:], c2, TritonAttention(), phase="verify", logits=logits)
+        assert a.shape == b.shape and (a - b).abs().max() <= 1e-4
+    assert len(calls) == 2 * 4 * fast.cfg.num_layers and any(k.get("swiglu") for k in calls)
+    calls.clear()
+    fast(tokens[:, :10], fast.allocate_cache(3, 40), TritonAttention(), phase="prefill", kv_len=10,
+         logits="none")  # 30 rows: skinny
+    assert len(calls) == 4 * fast.cfg.num_layers
