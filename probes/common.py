@@ -12,9 +12,12 @@ def graph_us(fn: Callable[[int], object], n: int = 24) -> float:
     return graph_ms([lambda i=i: fn(i) for i in range(n)])["median_ms"] * 1e3
 
 
-def smollm2_windows(windows: int, context: int, eval_tokens: int, split: str = "eval"):
+def smollm2_windows(windows: int, context: int, eval_tokens: int, split: str = "eval", refresh: bool = False):
     """The perplexity probes' setup on the CPU: the embedded SmolLM2 pair, the committed profile's
-    config at S = 512 and the pg19 harness's first `windows` windows of a corpus split."""
+    config at S = 512 (with its refresh layers if `refresh`) and the pg19 harness's first `windows`
+    windows of a corpus split."""
+    from dataclasses import replace
+
     import torch
 
     from dustin_eval.corpus import gutenberg_split
@@ -24,7 +27,10 @@ def smollm2_windows(windows: int, context: int, eval_tokens: int, split: str = "
 
     torch.set_num_threads(2)
     t, d = load_pair("smollm2", "models/smollm2-draft", dtype=torch.float32, device="cpu")
-    cfg = load_profile("profiles/smollm2-draft.json").to_sparse_config(512)
+    prof = load_profile("profiles/smollm2-draft.json")
+    cfg = prof.to_sparse_config(512)
+    if refresh:
+        cfg = replace(cfg, refresh_layers=tuple(sorted(prof.refresh_layers)))
     wins = list(iter_windows(t.tokenizer, gutenberg_split(split), context + eval_tokens, max_windows=windows,
                              max_windows_per_book=1))
     return t.model, d.model, cfg, wins

@@ -10,11 +10,9 @@ diagnosis, not a choice made on the eval split).
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from common import report_set_ppl, smollm2_windows
 
-from dustin_profile.artifact import load_profile
 from dustin_runtime.attention import TorchAttention
 from dustin_runtime.policies import make_policy
 
@@ -35,9 +33,8 @@ def exact_at(policy, layers: set[int]):
 
 def main(out: str, windows: int = 8, context: int = 4096, eval_tokens: int = 256, split: str = "calib",
          *spans: str) -> None:
-    t, d, cfg, wins = smollm2_windows(windows, context, eval_tokens, split)
-    refresh = sorted(load_profile("profiles/smollm2-draft.json").refresh_layers)
-    cfg = replace(cfg, refresh_layers=tuple(refresh))
+    t, d, cfg, wins = smollm2_windows(windows, context, eval_tokens, split, refresh=True)
+    refresh = list(cfg.refresh_layers)
     n = t.cfg.num_layers
     bounds = [0, *refresh, n]
     ranges = [set(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False) if a < b]

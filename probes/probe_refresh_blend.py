@@ -17,42 +17,35 @@ from dataclasses import replace
 import torch
 from common import report_set_ppl, smollm2_windows
 
-from dustin_profile.artifact import load_profile
 from dustin_runtime.policies import make_policy
-from dustin_runtime.signals import normalise_
 
 
 def variant(policy, mode: str):
-    """`policy` (dustin with refresh layers) selecting at its refresh layers as `mode` says."""
+    """`policy` (dustin with refresh layers) selecting at its refresh layers as `mode` says: the
+    runtime's refresh runs first (history scoring, this layer's scores normalised into `current`,
+    its selection), then the set is selected again from the mode's scores."""
     if mode == "replace":
         return policy
-    select, first = policy.select, min(policy.cfg.refresh_layers)
-    pre = {}
+    select, observe, first = policy.select, policy.observe_verify, min(policy.cfg.refresh_layers)
+    kept = {}
 
     def select_and_keep(lens):
         select(lens)
-        pre["history"] = policy.history.clone()  # normalised by select: the pre-pass signal
+        kept["history"] = policy.history.clone()  # normalised by select: the pre-pass signal
 
     def observe_verify(layer, q, cache, ctx):
-        c = policy.cfg
-        for g in policy.groups:
-            if g.target_signal is not None:
-                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
-        scorer = policy.refresh.get(layer)
-        if scorer is None:
-            return
-        if mode == "cumulate" and layer != first:
-            acc = policy.current.clone()
-            scorer.score(layer, q, cache.k[layer], ctx.start, policy.current)
-            policy.current.copy_(normalise_(policy.current) + acc)  # acc: the earlier refresh layers'
-            scores = policy.current
+        if layer not in policy.refresh:
+            return observe(layer, q, cache, ctx)
+        earlier = policy.current.clone() if mode == "cumulate" and layer != first else None
+        observe(layer, q, cache, ctx)
+        if mode == "blend":
+            scores = policy.current + kept["history"]
+        elif earlier is not None:  # the earlier refresh layers' scores, kept for the next one
+            scores = policy.current.add_(earlier)
         else:
-            scorer.score(layer, q, cache.k[layer], ctx.start, policy.current)
-            scores = normalise_(policy.current)
-            if mode == "blend":
-                scores = scores + pre["history"]
-        policy.ops.select_indices(scores, None, ctx.start, policy.indices, sinks=c.sinks, window=c.window,
-                                  m=c.free)
+            return
+        c = policy.cfg
+        policy.ops.select_indices(scores, None, ctx.start, policy.indices, sinks=c.sinks, window=c.window, m=c.free)
 
     policy.select = select_and_keep
     policy.observe_verify = observe_verify
@@ -60,9 +53,8 @@ def variant(policy, mode: str):
 
 
 def main(out: str, windows: int = 8, context: int = 4096, eval_tokens: int = 256, split: str = "calib") -> None:
-    t, d, cfg, wins = smollm2_windows(windows, context, eval_tokens, split)
-    refresh = sorted(load_profile("profiles/smollm2-draft.json").refresh_layers)
-    cfg = replace(cfg, refresh_layers=tuple(refresh))
+    t, d, cfg, wins = smollm2_windows(windows, context, eval_tokens, split, refresh=True)
+    refresh = list(cfg.refresh_layers)
     variants = [("full", None), ("dustin, no refresh", make_policy("dustin", replace(cfg, refresh_layers=()),
                                                                     target=t, draft=d))]
     for mode in ("replace", "blend", "cumulate"):
