@@ -25,13 +25,16 @@ class SparseOps:
         *,
         reduce: str,
         accumulate: bool,
+        counters: str = "srh",
     ) -> torch.Tensor:
         """Softmax mass of the heads' queries over [0, cache_lens) into `out` (added or maxed
-        into it with `accumulate`; entries >= cache_lens are 0 without it)."""
+        into it with `accumulate`; entries >= cache_lens are 0 without it). `counters`: the kernel's
+        ticket namespace (a call that may run beside another on a second stream takes its own)."""
         if self.triton:
             from dustin_kernels import srh_scores
 
-            return srh_scores(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out, accumulate=accumulate)
+            return srh_scores(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out, accumulate=accumulate,
+                              counters=counters)
         from dustin_kernels import srh_scores_ref
 
         return out.copy_(srh_scores_ref(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out,

@@ -96,6 +96,8 @@ class _TargetBackend(AttentionBackend):
         return out
 
     def end(self, ctx: ForwardContext) -> None:
+        if ctx.phase == "verify":
+            self.policy.join()
         self.default.end(ctx)
 
 
@@ -276,6 +278,9 @@ class SparsePolicy(SpecHooks):
     def observe_verify(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> None:
         """A verification pass at one layer, before its attention."""
 
+    def join(self) -> None:
+        """End of a verification pass: work the policy left on a side stream is done before what follows."""
+
     def layer_indices(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> torch.Tensor:
         """The set this layer attends: [B, S] shared, or [B, G, S] per KV head."""
         return self.indices
@@ -316,6 +321,7 @@ class GroupSignals:
         self.m = group.m
         self.use_draft = bool(group.draft_heads) and group.m > 0
         self.use_target = bool(group.target_heads) and group.m < c.free
+        self.qbuf: dict[int, torch.Tensor] = {}  # SRH layer -> its queries' buffer (history scored on a side stream)
         self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.history = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.indices = torch.full((batch, c.budget), -1, dtype=torch.int32, device=device)  # [B, S]
@@ -359,6 +365,8 @@ class SignalPolicy(SparsePolicy):
     layer group (`GroupSignals`; one group unless the config has layer groups). The draft drafts
     over the set of the config's `draft_group`."""
 
+    history_stream = True  # score the history on a side stream (False: in line; tests and probes compare)
+
     def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
         super().__init__(cfg, target, draft, **kw)
         self.name = name
@@ -377,6 +385,17 @@ class SignalPolicy(SparsePolicy):
             self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
                         if self.refresh else None)
+        # The history (next step's signal) is scored on a side stream, beside the rest of the pass
+        # (the kernels of one pass, CUDA only, one process); its queries wait in buffers of their own.
+        scored = [g for g in self.groups if g.target_signal is not None]
+        self.side = (torch.cuda.Stream(device) if self.history_stream and scored and self.ops.triton
+                     and self.tp is None and torch.device(device).type == "cuda" else None)
+        self.forked = False
+        for g in scored:
+            if self.side is not None:
+                g.qbuf = {layer: torch.empty(batch, lh.query.numel(), self.gamma + 1, t.head_dim,
+                                             dtype=self.target.dtype, device=device)
+                          for layer, lh in g.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.lookaheads or self.draft_set is not None else default
@@ -396,7 +415,10 @@ class SignalPolicy(SparsePolicy):
     def observe_verify(self, layer, q, cache, ctx):
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
             if g.target_signal is not None:
-                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
+                buf = g.qbuf.get(layer)
+                side = self.side if buf is not None and q.shape[::2] == buf.shape[::2] and q.dtype == buf.dtype else None
+                scored = g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history, side, buf)
+                self.forked |= scored and side is not None
         scorer = self.refresh.get(layer)
         if scorer is not None:  # the set again, from this layer's current queries: this and later layers attend it
             c = self.cfg
@@ -405,6 +427,11 @@ class SignalPolicy(SparsePolicy):
                 self.tp.all_reduce_(self.current, op=c.aggregation)
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
                                     window=c.window, m=c.free)
+
+    def join(self):
+        if self.forked:
+            torch.cuda.current_stream(self.side.device).wait_stream(self.side)
+            self.forked = False
 
     def select(self, lens):
         for g in self.groups:

@@ -53,14 +53,14 @@ def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int
 
 
 def score_heads(ops: SparseOps, q: torch.Tensor, lh: LayerHeads, k_cache: torch.Tensor, lens: torch.Tensor,
-                out: torch.Tensor, reduce: str, accumulate: bool) -> None:
+                out: torch.Tensor, reduce: str, accumulate: bool, counters: str = "srh") -> None:
     """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order."""
     if lh.groups is not None:
         B, Hs, M, D = q.shape
         q = q.reshape(B, lh.groups.numel(), Hs // lh.groups.numel() * M, D)  # [B, Gs, r * M, D]
-        ops.srh_scores(q, lh.groups, k_cache, lens, out, reduce=reduce, accumulate=accumulate)
+        ops.srh_scores(q, lh.groups, k_cache, lens, out, reduce=reduce, accumulate=accumulate, counters=counters)
     else:
-        ops.srh_scores(q, lh.kv, k_cache, lens, out, reduce=reduce, accumulate=accumulate)
+        ops.srh_scores(q, lh.kv, k_cache, lens, out, reduce=reduce, accumulate=accumulate, counters=counters)
 
 
 def normalise_(scores: torch.Tensor) -> torch.Tensor:
@@ -110,10 +110,23 @@ class TargetHistory:
         self.reduce, self.ops = reduce, ops
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
-              out: torch.Tensor) -> None:
+              out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None) -> bool:
         """At an SRH layer: add the heads' softmax mass of q [B, H, M, D] over [0, lens) into out
-        [B, N_max] (the pass's first SRH layer overwrites it)."""
+        [B, N_max] (the pass's first SRH layer overwrites it); False at other layers.
+
+        With a `side` stream the heads' queries are copied into `qbuf` [B, Hs, M, D] (a buffer that
+        outlives the pass) on the current stream and the scoring runs on `side`, beside the rest of
+        the pass: the caller makes the current stream wait for `side` before anything reads `out`
+        and before `lens` or the cache rows [0, lens) can change."""
         lh = self.layers.get(layer)
         if lh is None:
-            return
-        score_heads(self.ops, q.index_select(1, lh.query), lh, k_cache, lens, out, self.reduce, layer != self.first)
+            return False
+        if side is None:
+            score_heads(self.ops, q.index_select(1, lh.query), lh, k_cache, lens, out, self.reduce,
+                        layer != self.first)
+            return True
+        qs = torch.index_select(q, 1, lh.query, out=qbuf)
+        side.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(side):
+            score_heads(self.ops, qs, lh, k_cache, lens, out, self.reduce, layer != self.first, counters="srh-side")
+        return True

@@ -239,6 +239,7 @@ def srh_scores(
     num_stages: int | None = None,
     store_probs: bool | None = None,
     queries_as_m: bool | None = None,
+    counters: str = "srh",
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
 
@@ -256,7 +257,9 @@ def srh_scores(
     else pass 2 re-reads the keys; True / False force either path. queries_as_m: which operand is
     the MMA's M side in pass 1 (default: the queries from 64 rows up). Pass 2 runs with pass 1's
     block, warps and stages over 4 x SMs / B programs per sequence (16 x SMs / B from stored
-    probabilities). A stored tile's rows are one element longer than the block: an unaligned row is
+    probabilities). counters: the namespace of the split combine's ticket counters
+    (`_util.ticket_counters`): launches that may run at the same time on different streams take
+    different names. A stored tile's rows are one element longer than the block: an unaligned row is
     stored straight from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory
     shuffle (measured on the H200).
     """
@@ -292,7 +295,7 @@ def srh_scores(
     n_blocks = cdiv(N, block_n)
     lse = torch.empty(B * HS * BLOCK_M, dtype=torch.float32, device=q.device)
     wml = torch.empty(B * HS * splits * 2 * BLOCK_M if splits > 1 else 1, dtype=torch.float32, device=q.device)
-    locks = ticket_counters(q.device, B * HS) if splits > 1 else lse
+    locks = ticket_counters(q.device, B * HS, counters) if splits > 1 else lse
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
     p_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16

@@ -10,6 +10,10 @@ buffer, takes a ticket from a per-(b, g) counter, and the last program to arrive
 partials and writes the output (one launch, no second kernel). The counter is reset by that
 program, so the counters stay zero between launches (see `_util.ticket_counters`).
 
+Output: [B, H, M, D] as a view of a [B, M, H, D] buffer unless the caller passes `out`, so the model's
+`o.transpose(1, 2).reshape(B, M, H * D)` before wo is a view, not a copy kernel (2.8 us per layer of
+the 7B verification at batch 16, H200).
+
 Scratch: the partials are allocated with `torch.empty` on each call (allowed under CUDA graph
 capture; the graph's pool keeps them). Launchers never read tensor values on the host.
 
@@ -193,6 +197,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
             sparse, num_splits, block_n, num_warps, num_stages):
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
+    if out is None:  # [B, H, M, D] over a [B, M, H, D] buffer: the heads' outputs of a token adjacent, as wo reads them
+        out = torch.empty(B, M, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
     out = check_out(out, (B, H, M, D), q.dtype, q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     BLOCK_Q = max(16, next_pow2(HG * M))

@@ -143,6 +143,26 @@ def test_sparse_with_every_row_equals_full():
     assert rel_err(sparse, full.float()) <= 1e-5
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_default_output_is_token_major(sparse):
+    """Without `out` the result is [B, H, M, D] over a [B, M, H, D] buffer, so the model's
+    transpose(1, 2).reshape(B, M, H * D) before wo is a view of it (no copy), with the same values."""
+    B, H, G, M, D, N_ctx = 2, 7, 1, 5, 16, 31
+    dev = _device()
+    q, k, v, lens, _, _, gen = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, True, seed=61)
+    if sparse:
+        idx = _indices(lens.cpu(), 13, G, False, gen, dev)
+        out = sparse_verify_attention(q, k, v, idx, lens, num_splits=2, block_n=16)
+        ref = sparse_verify_attention_ref(q, k, v, idx, lens)
+    else:
+        out = full_verify_attention(q, k, v, lens, num_splits=2, block_n=16)
+        ref = full_verify_attention_ref(q, k, v, lens)
+    assert tuple(out.shape) == (B, H, M, D) and out.transpose(1, 2).is_contiguous()
+    flat = out.transpose(1, 2).reshape(B, M, H * D)
+    assert flat.data_ptr() == out.data_ptr()  # a view
+    assert rel_err(flat, ref.transpose(1, 2).reshape(B, M, H * D)) <= TOL[torch.float32]
+
+
 def test_ticket_counters_return_to_zero():
     dev = _device()
     q, k, v, lens, _, _, _ = _inputs(3, 4, 2, 2, 16, 40, torch.float32, dev, True, seed=5)

@@ -130,6 +130,28 @@ def test_refresh_in_the_captured_verify_graph_equals_eager(pair):
     assert torch.equal(h.indices, e.indices) and torch.equal(h.current, e.current)
 
 
+@pytest.mark.parametrize("policy", ["dustin", "dustin-vs-r"])
+def test_history_on_a_side_stream_equals_in_line(pair, policy, monkeypatch):
+    """The target's history scored on a side stream (beside the rest of the verification pass), in
+    graphs and eagerly, gives the tokens and the history buffers of scoring in line."""
+    from dustin_runtime.policies import SignalPolicy
+
+    t, d = pair
+    ps = prompts(16, seed=21)
+    h, e = hooks(policy, t, d), hooks(policy, t, d)
+    graph = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)
+    again = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)  # replays the captured graphs
+    eager = speculative_generate(t, d, ps, 24, gamma=4, hooks=e, cuda_graphs=False)
+    assert h.side is not None and e.side is not None and graph.stats.cuda_graphs
+    monkeypatch.setattr(SignalPolicy, "history_stream", False)
+    i = hooks(policy, t, d)
+    inline = speculative_generate(t, d, ps, 24, gamma=4, hooks=i, cuda_graphs=False)
+    assert i.side is None
+    assert graph.tokens == again.tokens == eager.tokens == inline.tokens
+    assert graph.stats.accepted == inline.stats.accepted
+    assert torch.equal(h.history, i.history) and torch.equal(e.history, i.history)
+
+
 def test_bench_e2e_refresh_layers(tmp_path):
     from dustin_eval.bench_e2e import E2EConfig, run_e2e, write_result
 
