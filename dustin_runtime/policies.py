@@ -125,12 +125,12 @@ class _DraftBackend(AttentionBackend):
         else:
             out = self.default.attend(layer, q, cache, ctx)
         if ctx.phase == "draft":
-            for look in getattr(p, "lookaheads", ()):
-                if layer in look.layers:
-                    look.stash(layer, q, self.slot)
+            p.observe_draft(layer, q, self.slot)
         return out
 
     def end(self, ctx):
+        if ctx.phase == "draft":
+            self.policy.join()
         self.default.end(ctx)
 
 
@@ -278,8 +278,12 @@ class SparsePolicy(SpecHooks):
     def observe_verify(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> None:
         """A verification pass at one layer, before its attention."""
 
+    def observe_draft(self, layer: int, q: torch.Tensor, slot: int) -> None:
+        """A draft forward at one layer (q [B, H, T, D]; `slot`: the forward's index in the step)."""
+
     def join(self) -> None:
-        """End of a verification pass: work the policy left on a side stream is done before what follows."""
+        """End of a draft forward or a verification pass: work the policy left on a side stream is
+        done before what follows."""
 
     def layer_indices(self, layer: int, q: torch.Tensor, cache: KVCache, ctx: ForwardContext) -> torch.Tensor:
         """The set this layer attends: [B, S] shared, or [B, G, S] per KV head."""
@@ -322,6 +326,7 @@ class GroupSignals:
         self.use_draft = bool(group.draft_heads) and group.m > 0
         self.use_target = bool(group.target_heads) and group.m < c.free
         self.qbuf: dict[int, torch.Tensor] = {}  # SRH layer -> its queries' buffer (history scored on a side stream)
+        self.lookahead_ready = False  # the lookahead was scored (and normalised) during the step's drafting
         self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.history = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.indices = torch.full((batch, c.budget), -1, dtype=torch.int32, device=device)  # [B, S]
@@ -344,7 +349,9 @@ class GroupSignals:
         the rest by the history (one signal alone chooses every free row)."""
         c, tp = policy.cfg, policy.tp
         if self.lookahead is not None:
-            normalise_(self.lookahead.score(policy.dcache.k, lens[policy.rows], self.draft_rows))
+            if not self.lookahead_ready:  # (scored by the last draft forward on the side stream otherwise)
+                normalise_(self.lookahead.score(policy.dcache.k, lens[policy.rows], self.draft_rows))
+            self.lookahead_ready = False
             if tp is not None:  # every rank's draft rows -> the whole batch
                 tp.gather_rows(self.draft_rows, out=self.draft_score)
         if self.target_signal is not None:
@@ -365,7 +372,7 @@ class SignalPolicy(SparsePolicy):
     layer group (`GroupSignals`; one group unless the config has layer groups). The draft drafts
     over the set of the config's `draft_group`."""
 
-    history_stream = True  # score the history on a side stream (False: in line; tests and probes compare)
+    history_stream = True  # score history and lookahead on a side stream (False: in line; tests and probes compare)
 
     def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
         super().__init__(cfg, target, draft, **kw)
@@ -388,8 +395,8 @@ class SignalPolicy(SparsePolicy):
         # The history (next step's signal) is scored on a side stream, beside the rest of the pass
         # (the kernels of one pass, CUDA only, one process); its queries wait in buffers of their own.
         scored = [g for g in self.groups if g.target_signal is not None]
-        self.side = (torch.cuda.Stream(device) if self.history_stream and scored and self.ops.triton
-                     and self.tp is None and torch.device(device).type == "cuda" else None)
+        self.side = (torch.cuda.Stream(device) if self.history_stream and (scored or self.lookaheads)
+                     and self.ops.triton and self.tp is None and torch.device(device).type == "cuda" else None)
         self.forked = False
         for g in scored:
             if self.side is not None:
@@ -411,6 +418,19 @@ class SignalPolicy(SparsePolicy):
         for g in self.groups:
             if g.target_signal is not None:
                 g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1])
+
+    def observe_draft(self, layer, q, slot):
+        """Stash the lookahead's queries; in the step's last draft forward (every query in), score each
+        retrieval layer on the side stream as soon as its queries are, beside the rest of the forward."""
+        for g in self.groups:
+            look = g.lookahead
+            if look is None or layer not in look.layers:
+                continue
+            look.stash(layer, q, slot)
+            if self.side is not None and slot == self.gamma - 1 and q.shape[0] == g.draft_rows.shape[0]:
+                g.lookahead_ready = look.score_layer(layer, self.dcache.k[layer], self.tcache.lengths,
+                                                     g.draft_rows, self.side)
+                self.forked = True
 
     def observe_verify(self, layer, q, cache, ctx):
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history

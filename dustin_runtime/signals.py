@@ -3,7 +3,10 @@
 - Draft lookahead: while the draft produces this step's tokens, its SRH queries at the first gamma
   verification positions (cur, d_1, .., d_(gamma - 1): the positions it is fed) are stashed (one
   copy per draft forward, no host sync); after drafting they score the context once per SRH layer
-  (M = gamma queries per call, so the keys are read once per step, not once per draft token).
+  (M = gamma queries per call, so the keys are read once per step, not once per draft token). On
+  CUDA the scoring runs on a side stream during the step's last draft forward, each layer as soon as
+  its last query is stashed; the target's history likewise beside the rest of its pass
+  (`SignalPolicy.history_stream`).
 - Target history: in each verification pass the target's SRH queries (the gamma + 1 verification
   queries) score the pass's context [0, L); the result is the next step's history. The prefill's
   last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one.
@@ -89,6 +92,21 @@ class DraftLookahead:
             buf[:, :, slot].copy_(q[:, lh.span[0]: lh.span[1], -1])
         else:
             buf[:, :, slot].copy_(q[:, lh.query, -1])
+
+    def score_layer(self, layer: int, k_cache: torch.Tensor, lens: torch.Tensor, out: torch.Tensor,
+                    side: torch.cuda.Stream) -> bool:
+        """`score` one layer at a time on the `side` stream, once the step's queries of that layer are
+        stashed: the first layer overwrites out, the last normalises it (returns True then). The
+        caller makes the current stream wait for `side` before out is read or lens / the cache rows
+        [0, lens) change."""
+        side.wait_stream(torch.cuda.current_stream(out.device))
+        with torch.cuda.stream(side):
+            score_heads(self.ops, self.q[layer], self.layers[layer], k_cache, lens, out, self.reduce,
+                        layer != min(self.layers), counters="srh-side")
+            if layer == max(self.layers):
+                normalise_(out)
+                return True
+        return False
 
     def score(self, k_caches: list[torch.Tensor], lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [B, N_max] = the lookahead signal over [0, lens) from the stashed queries."""

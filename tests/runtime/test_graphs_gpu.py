@@ -131,9 +131,10 @@ def test_refresh_in_the_captured_verify_graph_equals_eager(pair):
 
 
 @pytest.mark.parametrize("policy", ["dustin", "dustin-vs-r"])
-def test_history_on_a_side_stream_equals_in_line(pair, policy, monkeypatch):
-    """The target's history scored on a side stream (beside the rest of the verification pass), in
-    graphs and eagerly, gives the tokens and the history buffers of scoring in line."""
+def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
+    """The target's history scored on a side stream (beside the rest of the verification pass) and the
+    draft's lookahead scored during the step's last draft forward on it, in graphs and eagerly, give
+    the tokens and the signal buffers of scoring in line."""
     from dustin_runtime.policies import SignalPolicy
 
     t, d = pair
@@ -150,6 +151,8 @@ def test_history_on_a_side_stream_equals_in_line(pair, policy, monkeypatch):
     assert graph.tokens == again.tokens == eager.tokens == inline.tokens
     assert graph.stats.accepted == inline.stats.accepted
     assert torch.equal(h.history, i.history) and torch.equal(e.history, i.history)
+    assert torch.equal(h.draft_score, i.draft_score) and torch.equal(e.draft_score, i.draft_score)
+    assert h.draft_score.abs().sum() > 0 and h.m > 0  # the lookahead chose rows
 
 
 def test_bench_e2e_refresh_layers(tmp_path):
