@@ -45,6 +45,20 @@ class AttentionBackend:
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def attend_qkv(
+        self,
+        layer: int,
+        qkv: torch.Tensor,  # [B, T, (H + 2G) * D]: the fused projection, before RoPE
+        rope: torch.Tensor,  # [2, N, D] float32 cos | sin
+        num_heads: int,
+        cache: KVCache,
+        ctx: ForwardContext,
+    ) -> torch.Tensor | None:
+        """Attention with RoPE and the cache write inside, for backends that fuse them (the model
+        calls it on its fused path, models without q / k norm): [B, H, T, D], or None to be handed
+        RoPE'd queries through `attend` instead (the default)."""
+        return None
+
     def end(self, ctx: ForwardContext) -> None:
         """Called once after the last layer of a forward pass."""
 

@@ -87,6 +87,10 @@ class Attention(nn.Module):
         """RoPE, the cache write and attention: the heads' outputs [B, T, H * D] before wo."""
         c = self.cfg
         B, T, _ = qkv.shape
+        if rope.fused and not c.qk_norm:
+            o = backend.attend_qkv(layer, qkv, rope.table, c.num_heads, cache, ctx)  # RoPE inside, where fused
+            if o is not None:
+                return o.transpose(1, 2).reshape(B, T, c.q_size)
         if rope.fused:
             from dustin_kernels.layer_ops import rope_qkv_to_cache
 

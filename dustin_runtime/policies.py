@@ -128,6 +128,19 @@ class _DraftBackend(AttentionBackend):
             p.observe_draft(layer, q, self.slot)
         return out
 
+    def attend_qkv(self, layer, qkv, rope, num_heads, cache, ctx):
+        """Sparse drafting on CUDA: RoPE, the cache write and the attention over the draft set in one
+        kernel (`sparse_verify_attention_rope`); the RoPE'd queries it writes feed the lookahead."""
+        p = self.policy
+        k, v = cache.k[layer], cache.v[layer]
+        if ctx.phase != "draft" or p.draft_set is None or not p.ops.triton or qkv.dtype != k.dtype:
+            return None
+        from dustin_kernels import sparse_verify_attention_rope
+
+        out, q = sparse_verify_attention_rope(qkv, rope, k, v, p.draft_set.idx, ctx.start, num_heads)
+        p.observe_draft(layer, q, self.slot)
+        return out
+
     def end(self, ctx):
         if ctx.phase == "draft":
             self.policy.join()

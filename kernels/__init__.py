@@ -1,7 +1,8 @@
 """Triton kernels and their pure-torch references (installed as `dustin_kernels`).
 
 - `full_verify_attention`: split-KV attention of M verification queries over the whole cache.
-- `sparse_verify_attention`: the same over a selected index set per sequence (or per KV head).
+- `sparse_verify_attention`: the same over a selected index set per sequence (or per KV head);
+  `sparse_verify_attention_rope` takes the fused qkv projection instead (RoPE and the cache write inside).
 - `srh_scores`: softmax mass of retrieval-head queries per context position, [B, N_max].
 - `select_indices`: sinks + window + top-m by one score + fill by another, sorted, exact size.
 
@@ -14,11 +15,16 @@ from dustin_kernels.reference import (
     full_verify_attention_ref,
     select_indices_ref,
     sparse_verify_attention_ref,
+    sparse_verify_attention_rope_ref,
     srh_scores_ref,
 )
 from dustin_kernels.select import select_indices
 from dustin_kernels.srh_scores import srh_scores
-from dustin_kernels.verify_attention import full_verify_attention, sparse_verify_attention
+from dustin_kernels.verify_attention import (
+    full_verify_attention,
+    sparse_verify_attention,
+    sparse_verify_attention_rope,
+)
 
 __all__ = [
     "KernelArgumentError",
@@ -26,6 +32,8 @@ __all__ = [
     "full_verify_attention_ref",
     "sparse_verify_attention",
     "sparse_verify_attention_ref",
+    "sparse_verify_attention_rope",
+    "sparse_verify_attention_rope_ref",
     "srh_scores",
     "srh_scores_ref",
     "select_indices",

@@ -67,8 +67,8 @@ def _update(q, k, v, allowed, m_i, l_i, acc, qk_scale, DT: tl.constexpr, PREC: t
 
 @triton.jit
 def _verify_attn_kernel(
-    Q, K, V, KN, VN, IDX, LENS, OUT, WACC, WML, LOCKS,
-    qk_scale, n_cols, chunk, n_splits,
+    Q, K, V, KN, VN, IDX, LENS, OUT, WACC, WML, LOCKS, ROPE, QO,
+    qk_scale, n_cols, chunk, n_splits, n_rope,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     svb, svg, svn, svd,
@@ -76,9 +76,11 @@ def _verify_attn_kernel(
     swb, swg, swm, swd,
     sib, sig, sis,
     sob, soh, som, sod,
+    sxb, sxm,
     G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
     SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr, GDC: tl.constexpr = False,
+    ROPE_QKV: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     g = tl.program_id(1)
@@ -105,20 +107,46 @@ def _verify_attn_kernel(
     if GDC:  # programmatic dependent launch: everything below may depend on the previous kernel
         gdc_wait()
         gdc_launch_dependents()
-    q = tl.load(qptrs, mask=qmask, other=0.0).to(tl.float32).to(DT)  # [BQ, BD]
     L = tl.load(LENS + b)
-    # The M new tokens (split 0 only): loaded first so the loads overlap the main loop, used last.
     rn = tl.arange(0, BLOCK_NEW)
     n_new = M - M * tl.minimum(split, 1)  # M for split 0, else 0
     nmask = (rn < n_new)[:, None] & dmask[None, :]
-    if NEW_IN_CACHE:
-        kp = kb + (L + rn)[:, None] * skn + rd[None, :] * skd
-        vp = vb + (L + rn)[:, None] * svn + rd[None, :] * svd
+    if ROPE_QKV:  # Q is the fused projection [B, M, (H + 2G) D]: RoPE here, k / v of the new tokens to the cache
+        HALF: tl.constexpr = D // 2
+        part = (rd + HALF) % D  # the column each is rotated with
+        sgn = tl.where(rd < HALF, -1.0, 1.0)[None, :]
+        qpos = (L + mq).to(tl.int64)[:, None]  # [BQ, 1]: query j of sequence b sits at position L + j
+        xq = Q + b64 * sxb + mq[:, None] * sxm
+        x = tl.load(xq + hq[:, None] * D + rd[None, :], mask=qmask, other=0.0).to(tl.float32)
+        xp = tl.load(xq + hq[:, None] * D + part[None, :], mask=qmask, other=0.0).to(tl.float32)
+        cq = tl.load(ROPE + qpos * D + rd[None, :], mask=qmask, other=0.0)
+        sq = tl.load(ROPE + n_rope * D + qpos * D + rd[None, :], mask=qmask, other=0.0)
+        q = (x * cq + sgn * xp * sq).to(DT)  # [BQ, BD], rounded as the rope kernel stores it
+        if split == 0:
+            tl.store(QO + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd, q, mask=qmask)
+        npos = (L + rn).to(tl.int64)[:, None]  # [BNEW, 1]
+        xn = Q + b64 * sxb + rn[:, None] * sxm
+        xk = tl.load(xn + (HG * G + g) * D + rd[None, :], mask=nmask, other=0.0).to(tl.float32)
+        xkp = tl.load(xn + (HG * G + g) * D + part[None, :], mask=nmask, other=0.0).to(tl.float32)
+        ck = tl.load(ROPE + npos * D + rd[None, :], mask=nmask, other=0.0)
+        sk = tl.load(ROPE + n_rope * D + npos * D + rd[None, :], mask=nmask, other=0.0)
+        k_new = (xk * ck + sgn * xkp * sk).to(DT)
+        v_new = tl.load(xn + (HG * G + G + g) * D + rd[None, :], mask=nmask, other=0.0).to(DT)
+        tl.store(kb + npos * skn + rd[None, :] * skd, k_new, mask=nmask)  # split 0 only (n_new = 0 elsewhere)
+        tl.store(vb + npos * svn + rd[None, :] * svd, v_new, mask=nmask)
+        k_new = k_new.to(tl.float32)
+        v_new = v_new.to(tl.float32)
     else:
-        kp = KN + b64 * snb + g64 * sng + rn[:, None] * snm + rd[None, :] * snd
-        vp = VN + b64 * swb + g64 * swg + rn[:, None] * swm + rd[None, :] * swd
-    k_new = tl.load(kp, mask=nmask, other=0.0).to(tl.float32)
-    v_new = tl.load(vp, mask=nmask, other=0.0).to(tl.float32)
+        q = tl.load(qptrs, mask=qmask, other=0.0).to(tl.float32).to(DT)  # [BQ, BD]
+        # The M new tokens (split 0 only): loaded first so the loads overlap the main loop, used last.
+        if NEW_IN_CACHE:
+            kp = kb + (L + rn)[:, None] * skn + rd[None, :] * skd
+            vp = vb + (L + rn)[:, None] * svn + rd[None, :] * svd
+        else:
+            kp = KN + b64 * snb + g64 * sng + rn[:, None] * snm + rd[None, :] * snd
+            vp = VN + b64 * swb + g64 * swg + rn[:, None] * swm + rd[None, :] * swd
+        k_new = tl.load(kp, mask=nmask, other=0.0).to(tl.float32)
+        v_new = tl.load(vp, mask=nmask, other=0.0).to(tl.float32)
 
     m_i = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
@@ -194,7 +222,8 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
 
 
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
-            sparse, num_splits, block_n, num_warps, num_stages):
+            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None):
+    """With `qkv` and `rope`: q is the buffer the kernel writes the RoPE'd queries into."""
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
     if out is None:  # [B, H, M, D] over a [B, M, H, D] buffer: the heads' outputs of a token adjacent, as wo reads them
@@ -248,14 +277,17 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     else:
         isb, isg, iss = idx.stride()
     extra = {"launch_pdl": True} if gdc else {}
+    fused = qkv is not None
     _verify_attn_kernel[(splits, G, B)](
-        q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
-        scale * LOG2E, n_cols, chunk, splits,
+        qkv if fused else q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
+        rope if fused else q, q,
+        scale * LOG2E, n_cols, chunk, splits, rope.shape[1] if fused else 0,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn.stride(), *vn.stride(),
         isb, isg, iss, *out.stride(),
+        qkv.stride(0) if fused else 0, qkv.stride(1) if fused else 0,
         G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", GDC=gdc,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", GDC=gdc, ROPE_QKV=fused,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
@@ -322,3 +354,38 @@ def sparse_verify_attention(
     require(indices.device == q.device, "indices must be on the same device as q")
     return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
                    True, num_splits, block_n, num_warps, num_stages)
+
+
+def sparse_verify_attention_rope(
+    qkv: torch.Tensor,  # [B, M, (H + 2G) * D]: the fused q | k | v projection of the M new tokens
+    rope: torch.Tensor,  # [2, N_rope, D] float32 cos | sin (positions < N_rope)
+    k_cache: torch.Tensor,  # [B, G, N_max, D]
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,  # [B, S] or [B, G, S] int32, -1 padded
+    cache_lens: torch.Tensor,  # [B] int32: new token j of sequence b sits at row / position cache_lens[b] + j
+    num_heads: int,
+    **tuning,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparse_verify_attention` with RoPE and the cache write of `layer_ops.rope_qkv_to_cache` inside
+    (no q / k norm): the programs rotate their queries from qkv, split 0 rotates the new tokens' keys
+    and writes keys and values to the cache rows cache_lens[b] + j and the RoPE'd queries to q.
+    One kernel instead of two per layer of a decode forward. Returns (out [B, H, M, D] token-major,
+    q [B, H, M, D]). D must be a power of two. Tuning keywords as in `full_verify_attention`."""
+    require(qkv.dim() == 3 and qkv.stride(2) == 1, "qkv must be [B, M, (H + 2G) * D] with adjacent elements")
+    require(k_cache.dim() == 4, f"k_cache must be [B, G, N_max, D], got {list(k_cache.shape)}")
+    B, M, width = qkv.shape
+    G, D = k_cache.shape[1], k_cache.shape[3]
+    require(D >= 2 and D & (D - 1) == 0, f"head_dim must be a power of two, got {D}")
+    require(width == (num_heads + 2 * G) * D, f"qkv's last dim must be (H + 2G) * D = {(num_heads + 2 * G) * D}")
+    require(rope.dim() == 3 and rope.shape[0] == 2 and rope.shape[2] == D and rope.is_contiguous()
+            and rope.dtype == torch.float32, f"rope must be a contiguous float32 [2, N, {D}] table")
+    require(qkv.dtype == k_cache.dtype, "qkv must have the cache's dtype")
+    require(indices.dtype == torch.int32 and indices.device == qkv.device, "indices must be int32 on qkv's device")
+    require(indices.dim() in (2, 3) and indices.shape[0] == B and (indices.dim() == 2 or indices.shape[1] == G),
+            f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
+    known = ("scale", "out", "num_splits", "block_n", "num_warps", "num_stages")
+    require(set(tuning) <= set(known), f"unknown keywords {sorted(set(tuning) - set(known))}")
+    q = torch.empty(B, num_heads, M, D, dtype=qkv.dtype, device=qkv.device)
+    out = _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, None, None,
+                  *(tuning.get(k) for k in known[:2]), True, *(tuning.get(k) for k in known[2:]), qkv=qkv, rope=rope)
+    return out, q

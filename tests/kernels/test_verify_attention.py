@@ -10,6 +10,8 @@ from dustin_kernels import (
     full_verify_attention_ref,
     sparse_verify_attention,
     sparse_verify_attention_ref,
+    sparse_verify_attention_rope,
+    sparse_verify_attention_rope_ref,
 )
 from dustin_kernels._util import ticket_counters
 from dustin_kernels.checks import TOL, poisoned, rel_err
@@ -161,6 +163,62 @@ def test_default_output_is_token_major(sparse):
     flat = out.transpose(1, 2).reshape(B, M, H * D)
     assert flat.data_ptr() == out.data_ptr()  # a view
     assert rel_err(flat, ref.transpose(1, 2).reshape(B, M, H * D)) <= TOL[torch.float32]
+
+
+def _rope_table(n: int, D: int, device, base: float = 500.0) -> torch.Tensor:
+    inv = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return torch.stack([ang.cos(), ang.sin()]).float().to(device)  # [2, n, D]
+
+
+# (B, H, G, M, D, N_ctx, splits): GQA 1/4/7/8, one and two tokens and the verification's five, odd lengths
+ROPE_CASES = [(2, 4, 1, 1, 16, 37, None), (3, 7, 1, 2, 32, 53, 3), (2, 8, 1, 5, 16, 29, 2), (1, 8, 8, 3, 64, 70, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", ROPE_CASES)
+def test_rope_variant_matches_reference(dtype, case):
+    """RoPE and the cache write inside the sparse kernel = the rope kernel's reference + the sparse
+    reference: the output, the RoPE'd queries, the rows written (keys rotated, values as given) and
+    nothing else of the cache; qkv a non-contiguous view (a wider buffer's columns)."""
+    B, H, G, M, D, N_ctx, splits = case
+    dev = _device()
+    gen = torch.Generator().manual_seed(70 + ROPE_CASES.index(case))
+    n_max = N_ctx + M + 3
+    width = (H + 2 * G) * D
+    qkv = torch.randn(B, M, width + 5, generator=gen).to(dev, dtype)[..., 3: 3 + width]
+    assert not qkv.is_contiguous()
+    k = torch.randn(B, G, n_max, D, generator=gen).to(dev, dtype)
+    v = torch.randn(B, G, n_max, D, generator=gen).to(dev, dtype)
+    lens = ragged_lens(B, max(1, N_ctx // 3), N_ctx, gen).to(dev)
+    idx = _indices(lens.cpu(), 19, G, False, gen, dev)
+    rope = _rope_table(n_max + 5, D, dev)
+    k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+    out, q = sparse_verify_attention_rope(qkv, rope, k1, v1, idx, lens, H, num_splits=splits, block_n=16)
+    ref, q_ref = sparse_verify_attention_rope_ref(qkv, rope, k2, v2, idx, lens, H)
+    assert rel_err(out, ref) <= TOL[dtype]
+    assert rel_err(q, q_ref) <= TOL[dtype]
+    assert rel_err(k1, k2) <= TOL[dtype] and torch.equal(v1, v2)  # new rows written, the rest untouched
+    for b in range(B):  # the rows written are exactly lens[b] .. lens[b] + M - 1
+        L = int(lens[b])
+        changed = (k1[b] != k[b]).any(-1).any(0).nonzero().flatten().tolist()
+        assert set(changed) <= set(range(L, L + M)) and changed
+
+
+def test_rope_variant_refuses_bad_inputs():
+    dev = _device()
+    qkv = torch.zeros(1, 2, (4 + 2) * 16, device=dev)
+    k = torch.zeros(1, 1, 40, 16, device=dev)
+    idx = torch.zeros(1, 8, dtype=torch.int32, device=dev)
+    lens = torch.full((1,), 20, dtype=torch.int32, device=dev)
+    rope = _rope_table(64, 16, dev)
+    with pytest.raises(KernelArgumentError, match="last dim"):
+        sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx, lens, 5)
+    with pytest.raises(KernelArgumentError, match="rope"):
+        sparse_verify_attention_rope(qkv, rope.double(), k, k.clone(), idx, lens, 4)
+    with pytest.raises(KernelArgumentError, match="unknown"):
+        sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx, lens, 4, blok_n=16)
 
 
 def test_ticket_counters_return_to_zero():

@@ -47,3 +47,33 @@ def test_gpu_dustin_with_budget_over_context_equals_full(tiny_hf):
     full = speculative_generate(t, d, prompts, 20, gamma=4)
     sparse = speculative_generate(t, d, prompts, 20, gamma=4, hooks=make_policy("dustin", cfg, target=t, draft=d))
     assert sparse.tokens == full.tokens
+
+
+def test_gpu_sparse_drafting_with_rope_inside_the_attention_equals_separate(tiny_hf, monkeypatch):
+    """Sparse drafting on CUDA runs RoPE, the cache write and the attention over the draft set as one
+    kernel; with the model's separate RoPE kernel instead (the backend declining) the tokens, the
+    accepted counts, the draft's cache and the lookahead signal are the same (fp32)."""
+    import dustin_kernels
+
+    from dustin_runtime import policies
+
+    t, d = pair(tiny_hf, "cuda")
+    prompts = [list(range(1, 300)), list(range(5, 140)), [7] * 211]
+    cfg = SparseConfig(budget=48, sinks=4, window=16, m=12, draft_heads=((0, 1, (2, 3)),),
+                       target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))), draft_kv="verify-set")
+    calls = []
+    fused = dustin_kernels.sparse_verify_attention_rope
+    monkeypatch.setattr(dustin_kernels, "sparse_verify_attention_rope", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    runs = []
+    for on in (True, False):
+        if not on:
+            monkeypatch.setattr(policies._DraftBackend, "attend_qkv", lambda self, *a: None)
+        h = make_policy("dustin", cfg, target=t, draft=d)
+        res = speculative_generate(t, d, prompts, 30, gamma=4, hooks=h, cuda_graphs=False)
+        runs.append((res, h, [k.clone() for k in h.dcache.k], len(calls)))
+    (a, ha, ka, n_on), (b, hb, kb, n_off) = runs
+    assert n_on > 0 and n_off == n_on  # the fused kernel ran in the first run only
+    assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted
+    for x, y in zip(ka, kb, strict=True):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(ha.draft_score, hb.draft_score, rtol=1e-4, atol=1e-7)
