@@ -57,8 +57,11 @@ def test_gpu_sparse_drafting_with_rope_inside_the_attention_equals_separate(tiny
 
     from dustin_runtime import policies
 
-    t, d = pair(tiny_hf, "cuda")
-    prompts = [[i % 131 for i in range(1, 300)], [i * 7 % 131 for i in range(140)], [7] * 211]
+    tf, _ = tiny_hf("qwen2", seed=84, **SHAPE)  # no q / k norm: the fused path applies
+    df, _ = tiny_hf("qwen2", seed=85, num_hidden_layers=1, **SHAPE)
+    t, d = (load_model(str(f), dtype=torch.float32, device="cuda")[0].use_kernels() for f in (tf, df))
+    V = t.cfg.vocab_size
+    prompts = [[i % V for i in range(1, 300)], [i * 7 % V for i in range(140)], [7] * 211]
     cfg = SparseConfig(budget=48, sinks=4, window=16, m=12, draft_heads=((0, 1, (2, 3)),),
                        target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))), draft_kv="verify-set")
     calls = []
