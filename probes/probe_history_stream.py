@@ -1,5 +1,6 @@
-"""Probe: dustin's target history scored on a side stream (beside the rest of the verification pass)
-against scoring it in line, end to end in `dustin bench e2e`'s loop (random weights at the preset
+"""Probe: dustin's signals scored on a side stream (`SignalPolicy.history_stream`: the target history
+beside the rest of the verification pass; from bbf9e1e also the draft lookahead during the step's
+last draft forward) against scoring them in line, end to end in `dustin bench e2e`'s loop (random weights at the preset
 shapes, one process, the same caches): ms per step and the verify phase of each, interleaved runs.
 
     python probes/probe_history_stream.py [policies] [batch] [context] [rounds]  -> $OUT/probe-history-stream.json"""
