@@ -10,6 +10,13 @@ buffer, takes a ticket from a per-(b, g) counter, and the last program to arrive
 partials and writes the output (one launch, no second kernel). The counter is reset by that
 program, so the counters stay zero between launches (see `_util.ticket_counters`).
 
+RoPE variant (`sparse_verify_attention_rope`, a decode forward of the draft over its set): the
+kernel takes the fused q | k | v projection instead of RoPE'd queries; every program rotates its
+queries (the column d with its partner d +- D/2, the cos | sin rows of positions cache_lens + j),
+split 0 also rotates the new tokens' keys, writes keys and values to the cache rows and the rotated
+queries to a q buffer (the draft's lookahead reads them), and attends the new tokens from registers.
+The same roundings as `layer_ops.rope_qkv_to_cache` then the plain kernel.
+
 Output: [B, H, M, D] as a view of a [B, M, H, D] buffer unless the caller passes `out`, so the model's
 `o.transpose(1, 2).reshape(B, M, H * D)` before wo is a view, not a copy kernel (2.8 us per layer of
 the 7B verification at batch 16, H200).
