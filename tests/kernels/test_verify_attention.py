@@ -176,7 +176,7 @@ def _rope_table(n: int, D: int, device, base: float = 500.0) -> torch.Tensor:
 ROPE_CASES = [(2, 4, 1, 1, 16, 37, None), (3, 7, 1, 2, 32, 53, 3), (2, 8, 1, 5, 16, 29, 2), (1, 8, 8, 3, 64, 70, 1)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("case", ROPE_CASES)
 def test_rope_variant_matches_reference(dtype, case):
     """RoPE and the cache write inside the sparse kernel = the rope kernel's reference + the sparse
@@ -184,8 +184,6 @@ def test_rope_variant_matches_reference(dtype, case):
     nothing else of the cache; qkv a non-contiguous view (a wider buffer's columns)."""
     B, H, G, M, D, N_ctx, splits = case
     dev = _device()
-    if dtype == torch.bfloat16 and dev == "cpu":
-        pytest.skip("bf16 is wrong in the Triton interpreter (checked on the GPU)")
     gen = torch.Generator().manual_seed(70 + ROPE_CASES.index(case))
     n_max = N_ctx + M + 3
     width = (H + 2 * G) * D
