@@ -425,6 +425,8 @@ class SignalPolicy(SparsePolicy):
         for look in self.lookaheads:  # a cached policy starts as a fresh one would
             for q in look.q.values():
                 q.zero_()
+        for g in self.groups:
+            g.lookahead_ready = False
 
     def observe_prefill_tail(self, layer, q, cache, ctx):
         b0, b1 = ctx.rows
