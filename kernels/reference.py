@@ -67,26 +67,13 @@ def sparse_verify_attention_ref(q, k_cache, v_cache, indices, cache_lens, k_new=
 
 
 def sparse_verify_attention_rope_ref(qkv, rope, k_cache, v_cache, indices, cache_lens, num_heads, *, scale=None):
-    """Reference of `sparse_verify_attention_rope`: RoPE on q and k of qkv [B, M, (H + 2G) D] at positions
-    cache_lens[b] + j (rounded to qkv's dtype), keys and values written to those cache rows, then
-    `sparse_verify_attention_ref` with the new tokens from the cache. Returns (out fp32, q)."""
-    B, M, _ = qkv.shape
-    G, D = k_cache.shape[1], k_cache.shape[3]
-    H = num_heads
-    q, k, v = qkv.split([H * D, G * D, G * D], dim=-1)
-    pos = cache_lens.long().view(B, 1) + torch.arange(M, device=qkv.device)  # [B, M]
-    cos, sin = rope[0][pos].unsqueeze(1), rope[1][pos].unsqueeze(1)  # [B, 1, M, D]
+    """Reference of `sparse_verify_attention_rope`: `rope_qkv_to_cache_ref` at positions cache_lens[b] + j
+    (RoPE'd q; keys and values written to those cache rows), then `sparse_verify_attention_ref` with
+    the new tokens from the cache. Returns (out fp32, q)."""
+    from dustin_kernels.layer_ops import rope_qkv_to_cache_ref
 
-    def rot(x):  # [B, heads, M, D]
-        xf = x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(qkv.dtype)
-
-    q = rot(q.view(B, M, H, D).transpose(1, 2))
-    k = rot(k.view(B, M, G, D).transpose(1, 2))
-    idx = pos.view(B, 1, M, 1).expand(B, G, M, D)
-    k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-    v_cache.scatter_(2, idx, v.view(B, M, G, D).transpose(1, 2).to(v_cache.dtype))
+    pos = cache_lens.long().view(-1, 1) + torch.arange(qkv.shape[1], device=qkv.device)  # [B, M]
+    q = rope_qkv_to_cache_ref(qkv, rope, pos, k_cache, v_cache, num_heads)
     return sparse_verify_attention_ref(q, k_cache, v_cache, indices, cache_lens, scale=scale), q
 
 

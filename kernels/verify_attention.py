@@ -102,7 +102,6 @@ def _verify_attn_kernel(
     mq = rl % M
     hq = g * HG + rl // M
     dmask = rd < D
-    qptrs = Q + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd
     qmask = qrow[:, None] & dmask[None, :]  # [BQ, BD]
 
     kb = K + b64 * skb + g64 * skg
@@ -144,6 +143,7 @@ def _verify_attn_kernel(
         k_new = k_new.to(tl.float32)
         v_new = v_new.to(tl.float32)
     else:
+        qptrs = Q + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd
         q = tl.load(qptrs, mask=qmask, other=0.0).to(tl.float32).to(DT)  # [BQ, BD]
         # The M new tokens (split 0 only): loaded first so the loads overlap the main loop, used last.
         if NEW_IN_CACHE:
@@ -327,6 +327,13 @@ def full_verify_attention(
                    False, num_splits, block_n, num_warps, num_stages)
 
 
+def _check_indices(indices: torch.Tensor, B: int, G: int, device: torch.device) -> None:
+    require(indices.dtype == torch.int32, f"indices must be int32, got {indices.dtype}")
+    require(indices.dim() in (2, 3) and indices.shape[0] == B and (indices.dim() == 2 or indices.shape[1] == G),
+            f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
+    require(indices.device == device, "indices must be on the same device as q")
+
+
 def sparse_verify_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -353,12 +360,7 @@ def sparse_verify_attention(
     Where supported the launch overlaps the previous kernel's tail (module doc). Tuning keywords
     as in `full_verify_attention`.
     """
-    B = q.shape[0]
-    G = k_cache.shape[1] if k_cache.dim() == 4 else 0
-    require(indices.dtype == torch.int32, f"indices must be int32, got {indices.dtype}")
-    require(indices.dim() in (2, 3) and indices.shape[0] == B and (indices.dim() == 2 or indices.shape[1] == G),
-            f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
-    require(indices.device == q.device, "indices must be on the same device as q")
+    _check_indices(indices, q.shape[0], k_cache.shape[1] if k_cache.dim() == 4 else 0, q.device)
     return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
                    True, num_splits, block_n, num_warps, num_stages)
 
@@ -371,7 +373,13 @@ def sparse_verify_attention_rope(
     indices: torch.Tensor,  # [B, S] or [B, G, S] int32, -1 padded
     cache_lens: torch.Tensor,  # [B] int32: new token j of sequence b sits at row / position cache_lens[b] + j
     num_heads: int,
-    **tuning,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sparse_verify_attention` with RoPE and the cache write of `layer_ops.rope_qkv_to_cache` inside
     (no q / k norm): the programs rotate their queries from qkv, split 0 rotates the new tokens' keys
@@ -387,12 +395,8 @@ def sparse_verify_attention_rope(
     require(rope.dim() == 3 and rope.shape[0] == 2 and rope.shape[2] == D and rope.is_contiguous()
             and rope.dtype == torch.float32, f"rope must be a contiguous float32 [2, N, {D}] table")
     require(qkv.dtype == k_cache.dtype, "qkv must have the cache's dtype")
-    require(indices.dtype == torch.int32 and indices.device == qkv.device, "indices must be int32 on qkv's device")
-    require(indices.dim() in (2, 3) and indices.shape[0] == B and (indices.dim() == 2 or indices.shape[1] == G),
-            f"indices must be [B, S] or [B, G, S], got {list(indices.shape)}")
-    known = ("scale", "out", "num_splits", "block_n", "num_warps", "num_stages")
-    require(set(tuning) <= set(known), f"unknown keywords {sorted(set(tuning) - set(known))}")
+    _check_indices(indices, B, G, qkv.device)
     q = torch.empty(B, num_heads, M, D, dtype=qkv.dtype, device=qkv.device)
-    out = _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, None, None,
-                  *(tuning.get(k) for k in known[:2]), True, *(tuning.get(k) for k in known[2:]), qkv=qkv, rope=rope)
+    out = _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, None, None, scale, out,
+                  True, num_splits, block_n, num_warps, num_stages, qkv=qkv, rope=rope)
     return out, q

@@ -63,3 +63,30 @@ def report_set_ppl(out: str, target, draft, wins, context: int, variants, **reco
         json.dump({"provenance": provenance(models={"target": "smollm2", "draft": "models/smollm2-draft"}),
                    "windows": len(wins), "context": context, "books": [w.book for w in wins], **record,
                    "rows": rows}, f, indent=1)
+
+
+def e2e_ab(names: str, batch: str, context: str, rounds: str, arm, key: str, out_file: str) -> None:
+    """`dustin bench e2e`'s loop for the policies `names` with a switch on and off (`arm(on)` sets it),
+    interleaved for `rounds` rounds in one process: ms per step and phase graph times of each, printed
+    and written to $OUT/out_file (the switch is left on)."""
+    import json
+    import os
+
+    import torch
+
+    from dustin_eval.bench_e2e import E2EConfig, run_e2e
+
+    cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(names.split(",")), alphas=(), phase_reps=10)
+    rows = []
+    for r in range(int(rounds)):
+        for on in (True, False):
+            arm(on)
+            for rec in run_e2e(cfg, command=out_file)["records"]:
+                row = {"round": r, key: on, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
+                       "graph_phase_ms": rec["graph_phase_ms"]}
+                rows.append(row)
+                print(row, flush=True)
+    arm(True)
+    with open(os.path.join(os.environ.get("OUT", "."), out_file), "w") as f:
+        json.dump({"config": {"batch": cfg.batch, "context": cfg.context, "policies": list(cfg.policies)},
+                   "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -6,32 +6,21 @@ loop (random weights at the preset shapes, one process, interleaved rounds): ms 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
-import torch
+from common import e2e_ab
 
-from dustin_eval.bench_e2e import E2EConfig, run_e2e
 from dustin_runtime import policies
+
+FUSED = policies._DraftBackend.attend_qkv
+
+
+def arm(on: bool) -> None:
+    policies._DraftBackend.attend_qkv = FUSED if on else (lambda self, *a: None)  # None: the separate RoPE kernel
 
 
 def main(names: str = "dustin-vs,streamingllm-vs", batch: str = "16", context: str = "32768", rounds: str = "2"):
-    cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(names.split(",")), alphas=(), phase_reps=10)
-    fused = policies._DraftBackend.attend_qkv
-    rows = []
-    for r in range(int(rounds)):
-        for on in (True, False):
-            policies._DraftBackend.attend_qkv = fused if on else (lambda self, *a: None)
-            for rec in run_e2e(cfg, command="probe_fused_rope")["records"]:
-                row = {"round": r, "fused_rope": on, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
-                       "graph_phase_ms": rec["graph_phase_ms"]}
-                rows.append(row)
-                print(row, flush=True)
-    policies._DraftBackend.attend_qkv = fused
-    with open(os.path.join(os.environ.get("OUT", "."), "probe-fused-rope.json"), "w") as f:
-        json.dump({"config": {"batch": cfg.batch, "context": cfg.context, "policies": list(cfg.policies)},
-                   "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    e2e_ab(names, batch, context, rounds, arm, "fused_rope", "probe-fused-rope.json")
 
 
 if __name__ == "__main__":

@@ -217,7 +217,9 @@ def test_rope_variant_refuses_bad_inputs():
         sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx, lens, 5)
     with pytest.raises(KernelArgumentError, match="rope"):
         sparse_verify_attention_rope(qkv, rope.double(), k, k.clone(), idx, lens, 4)
-    with pytest.raises(KernelArgumentError, match="unknown"):
+    with pytest.raises(KernelArgumentError, match="indices"):
+        sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx.long(), lens, 4)
+    with pytest.raises(TypeError, match="blok_n"):
         sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx, lens, 4, blok_n=16)
 
 
