@@ -411,3 +411,85 @@ def test_refresh_layer_configs_refused(pair):
         make_policy("dustin", replace(cfg, refresh_layers=(2,)), target=target, draft=draft)
     with pytest.raises(DustinError, match="layer groups"):
         replace(grouped_config(target, draft), refresh_layers=(1,))
+
+
+def test_pool_layers_attend_their_queries_top_rows_of_the_set(pair):
+    """With a pool, the set chosen before the pass holds P = pool x S rows, and every layer's KV heads
+    attend pool_select of that layer's verification queries over it: S rows each, sinks and window
+    kept, drawn from the pool, differing between layers and heads at times."""
+    from dataclasses import replace
+
+    from dustin_kernels import pool_select_ref
+
+    target, draft = pair
+    cfg = replace(config(target, draft, budget=20), pool=2.0)
+    assert cfg.pool_rows == 40
+    hooks = make_policy("dustin", cfg, target=target, draft=draft)
+    hooks.trace = []
+    pools, wanted = [], []
+    inner_before, inner_observe = hooks.before_verify, hooks.observe_verify
+
+    def before_verify():
+        inner_before()
+        pools.append(hooks.indices.clone())
+
+    def observe_verify(layer, q, cache, ctx):
+        inner_observe(layer, q, cache, ctx)
+        wanted.append(pool_select_ref(q, cache.k[layer], pools[-1], ctx.start, budget=20, sinks=2, window=6))
+
+    hooks.before_verify, hooks.observe_verify = before_verify, observe_verify
+    out = speculative_generate(target, draft, PROMPTS, MAX_NEW, gamma=3, hooks=hooks)
+    assert pools[0].shape == (3, 40) and out.stats.extra["pool"] == 40
+    assert hooks.layer_sets and len(hooks.trace) == 2 * out.stats.steps == len(wanted)
+    differ = 0
+    for i, (layer, lens, idx) in enumerate(hooks.trace):
+        assert layer == i % 2 and idx.shape == (3, target.cfg.num_kv_heads, 20)
+        assert torch.equal(idx, wanted[i])
+        pool = pools[i // 2]
+        for b in range(3):
+            L = int(lens[b])
+            for g in range(idx.shape[1]):
+                rows = idx[b, g][idx[b, g] >= 0]
+                assert torch.isin(rows, pool[b]).all()
+                if L > 40:
+                    assert rows.numel() == 20 and torch.isin(torch.tensor([0, 1, L - 1]), rows).all()
+            differ += not torch.equal(idx[b, 0], idx[b, -1])
+    assert differ > 0  # KV heads choose differently at times
+
+
+def test_pool_at_a_covering_budget_gives_full_tokens(pair):
+    from dataclasses import replace
+
+    target, draft = pair
+    full, _ = run(pair, "full", None)
+    for draft_kv in ("full", "verify-set"):
+        out, _ = run(pair, "dustin", replace(config(target, draft, budget=128), pool=1.5, draft_kv=draft_kv,
+                                             refresh_layers=(1,)), measure_arr=True)
+        assert out.tokens == full.tokens and out.stats.extra["arr"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_pool_of_one_is_the_plain_policy(pair):
+    from dataclasses import replace
+
+    target, draft = pair
+    cfg = config(target, draft, budget=16, sinks=2, window=4)
+    plain, _ = run(pair, "dustin", cfg, measure_arr=True)
+    one, hooks = run(pair, "dustin", replace(cfg, pool=1.0), measure_arr=True)
+    assert one.tokens == plain.tokens and one.stats.extra["arr"] == plain.stats.extra["arr"]
+    assert "pool" not in one.stats.extra and not hooks.layer_sets
+
+
+def test_pool_configs_refused(pair):
+    from dataclasses import replace
+
+    target, draft = pair
+    cfg = config(target, draft, budget=24)
+    with pytest.raises(DustinError, match="factor of the budget"):
+        replace(cfg, pool=0.5)
+    with pytest.raises(DustinError, match="rows a layer's selection holds"):
+        replace(config(target, draft, budget=4096), pool=4.0)
+    with pytest.raises(DustinError, match="layer groups"):
+        replace(grouped_config(target, draft), pool=2.0)
+    for name in ("streamingllm", "quest", "oracle", "target-only"):
+        with pytest.raises(DustinError, match="applies to dustin"):
+            make_policy(name, replace(cfg, pool=2.0), target=target, draft=draft)
