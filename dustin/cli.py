@@ -69,6 +69,10 @@ RefreshLayers = Annotated[str, typer.Option("--refresh-layers", help="dustin: ta
                                             "which the verification pass chooses the set again from that layer's "
                                             "current queries (every KV head); later layers attend it. Default: "
                                             "the profile's (`dustin profile --max-refresh`); 'none': no refresh.")]
+Pool = Annotated[float | None, typer.Option("--pool", min=1.0, max=16.0, help="dustin: choose the set at POOL x "
+                                            "budget rows, and let every layer's KV heads attend the budget's rows "
+                                            "of it that their current queries weigh most. Default: the profile's, "
+                                            "else 1 (no pool).")]
 DraftVocab = Annotated[str | None, typer.Option("--draft-vocab", help="The draft's LM head over a vocabulary subset "
                                                "(FR-Spec): PATH:K keeps the K most frequent tokens of a token-counts "
                                                "file (`dustin profile vocab`) and EOS; the rest get probability 0 "
@@ -240,11 +244,13 @@ def bench_e2e(
     policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest", "dustin-vs")),
                                  help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
                                       "streamingllm, quest; -vs: drafting over the verification set "
-                                      "(dustin-vs, streamingllm-vs); -r: dustin with --refresh-layers "
+                                      "(dustin-vs, streamingllm-vs); -r: dustin with --refresh-layers / --pool "
                                       "(dustin-r, dustin-vs-r); comma-separated."),
     refresh_layers: str = typer.Option("", "--refresh-layers",
                                        help="Target layers (comma-separated) at which the -r policies choose "
                                             "the set again inside the verification pass."),
+    pool: float = typer.Option(1.0, "--pool", min=1.0, max=16.0, help="The -r policies' pool: the set chosen at "
+                               "POOL x budget rows, every layer's KV heads attending the budget's rows of it."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),
     new_tokens: NewTokens = 64,
@@ -282,7 +288,8 @@ def bench_e2e(
     command = "dustin " + " ".join(sys.argv[1:])
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
-                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab)
+                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), pool=pool,
+                         draft_vocab=draft_vocab)
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
@@ -308,7 +315,7 @@ def bench_e2e(
         console.print(t)
         for name, s in res["summary"].items():
             if "vs_no_refresh" in s:
-                console.print(f"{name} (refresh layers {res['sparse']['refresh_layers']}) vs "
+                console.print(f"{name} (refresh layers {res['sparse']['refresh_layers']}, pool {res['sparse']['pool']}) vs "
                               f"{name.removesuffix(be.REFRESH)}: {s['vs_no_refresh']:.3f}x tokens/s", highlight=False)
         console.print(f"wrote {path}")
 
@@ -506,6 +513,7 @@ def decode(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    pool: Pool = None,
     draft_vocab: DraftVocab = None,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
@@ -521,7 +529,7 @@ def decode(
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     prompts = pipeline.read_prompts(prompt, prompt_file, batch_file, max_new_tokens)
-    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers))
+    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers), pool)
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
     group = _start_tp(tp, device, tp_select)
@@ -547,6 +555,7 @@ def eval_acceptance(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    pool: Pool = None,
     draft_vocab: DraftVocab = None,
     contexts: Contexts = "4096,8192",
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
@@ -589,8 +598,10 @@ def eval_acceptance(
     if refresh and "dustin" not in chosen:
         raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
     loaded = read_profile(profile) if profile is not None else None
+    if pool is not None and pool != 1.0 and "dustin" not in chosen:
+        raise DustinError("--pool applies to policy dustin, which is not among the policies")
     plans = {b: plan_sparse("dustin" if "dustin" in chosen else "streamingllm", loaded, b, sinks, window, all_heads,
-                            draft_kv, refresh)
+                            draft_kv, refresh, pool)
              for b in ints}
     if threads is not None:
         torch.set_num_threads(threads)
@@ -667,12 +678,12 @@ def _layers(text: str) -> tuple[int, ...] | None:
     return tuple(_ints(text, "--refresh-layers", minimum=0))
 
 
-def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh=""):
+def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh="", pool=None):
     """Every policy run, checked before any model loads."""
     from dustin_eval.plan import plan_runs
 
     return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads, draft_kv,
-                     _layers(refresh))
+                     _layers(refresh), pool)
 
 
 def _bind(plans, tgt, drf, measure_arr: bool, group=None):
@@ -707,6 +718,7 @@ def eval_pg19(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    pool: Pool = None,
     measure_arr: MeasureArr = True,
     seed: Seed = 0,
     dtype: Dtype = "auto",
@@ -724,7 +736,7 @@ def eval_pg19(
     from dustin_eval.pg19_eval import run_pg19
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers, pool)
     books = data or gutenberg_split("eval")
     book_paths(books)  # refuses a folder without books before the models load
     group = _start_tp(tp, device, tp_select)
@@ -759,6 +771,7 @@ def eval_passkey(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    pool: Pool = None,
     filler: Path | None = typer.Option(None, help="Folder of .txt books for the filler (default: gutenberg eval)."),
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -774,7 +787,7 @@ def eval_passkey(
     from dustin_eval.passkey_eval import run_passkey
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers, pool)
     ctx = _ints(contexts, "--contexts")
     try:
         dps = [float(d) for d in depths.split(",") if d.strip()]
@@ -820,6 +833,7 @@ def eval_longbench(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
+    pool: Pool = None,
     dtype: Dtype = "auto",
     device: Device = "auto",
     out_dir: OutDir = Path("results/longbench"),
@@ -836,7 +850,7 @@ def eval_longbench(
     from dustin_runtime.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers, pool)
     present = available_datasets(data)  # refuses a source that is neither a folder nor a dataset id
     if datasets:
         names = _names(datasets)

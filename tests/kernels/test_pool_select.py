@@ -47,10 +47,12 @@ def _inputs(case, dtype, dev, seed, contiguous=True):
     if contiguous:
         q = torch.randn(B, H, M, D, generator=gen)
         k = torch.randn(B, G, N, D, generator=gen)
-    else:  # q as the model has it ([B, M, H, D] transposed), k a slice of a wider cache
-        q = torch.randn(B, M, H, D, generator=gen).transpose(1, 2)
-        k = torch.randn(B, G, N + 9, D + 8, generator=gen)[:, :, 3 : N + 3, 4 : D + 4]
+    else:  # q as the model has it ([B, M, H, D] transposed), k a slice of a wider cache (sliced on the device:
+        q = torch.randn(B, M, H, D, generator=gen).transpose(1, 2)  # a copy there would make it contiguous)
+        k = torch.randn(B, G, N + 9, D + 8, generator=gen)
     q, k = (2 * q).to(dev, dtype), k.to(dev, dtype)  # sharper softmax: the choice matters
+    if not contiguous:
+        k = k[:, :, 3 : N + 3, 4 : D + 4]
     lens = torch.randint(1, N + 1, (B,), generator=gen)
     lens[0] = N
     pool = make_pool(lens, P, sinks, window, gen).to(dev)
