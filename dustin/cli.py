@@ -351,6 +351,10 @@ def profile(
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
                                             "dustin policy greedily by teacher-forced perplexity on the calibration "
                                             "windows (0: none; one set only)."),
+    pools: str = typer.Option("", help="Pool factors (comma-separated, > 1) dustin may choose its set at, each "
+                                       "layer's KV heads attending the budget's rows of it; chosen after the "
+                                       "refresh layers by the same perplexity objective, the smallest that pays "
+                                       "(none: no pool)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
                                              "is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
@@ -382,7 +386,7 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, retrieval_weight=retrieval_weight,
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
-                        max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh,
+                        max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh, pools=_floats(pools, "--pools"),
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):
@@ -667,6 +671,14 @@ def _print_decode(out) -> None:
     for k, v in s.extra.items():
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
     console.print(t)
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    """A comma-separated list of numbers ('' gives none)."""
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DustinError(f"{flag} {text!r}: expected comma-separated numbers") from None
 
 
 def _layers(text: str) -> tuple[int, ...] | None:
