@@ -136,6 +136,8 @@ def bench_attention(
     groups: str = typer.Option("1", help="Layer groups of the estimate, comma-separated (each scores its own "
                                         "retrieval heads and selects its own set; 1: the single set only)."),
     group_kv_heads: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of each layer group."),
+    pool: float = typer.Option(1.0, min=1.0, max=16.0, help="Also time pool_select from a pool of POOL x budget "
+                                                            "rows (dustin --pool) and its cost over all layers."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     _one_process("bench attention")
@@ -145,7 +147,7 @@ def bench_attention(
 
     configs = [
         ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, groups=g,
-                       group_kv_heads=group_kv_heads)
+                       group_kv_heads=group_kv_heads, pool=pool)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget) for g in _ints(groups, "--groups", maximum=MAX_COUNT)
     ]
@@ -173,6 +175,10 @@ def bench_attention(
             console.print(f"estimate+select with {s['groups']} layer groups of {s['group_kv_heads']} KV heads: "
                           f"{s['estimate_groups_fraction']:.2%} (cost model {s['estimate_groups_model_fraction']:.2%}; "
                           f"single set {est:.2%}, model {s['estimate_model_fraction']:.2%})")
+        if s.get("pool_fraction") is not None:
+            console.print(f"pool_select ({s['pool_rows']} -> {cfg['budget']} rows per KV head, every layer): "
+                          f"{s['pool_select_ms']:.4f} ms a layer, {s['pool_fraction']:.2%} of full attention over all "
+                          f"layers; with the per-head sparse attention {s['sparse_with_pool_ms']:.4f} ms a layer")
         summaries.append(res)
 
     ba.run_sweep(configs, out_dir, command, on_result=show)
