@@ -92,12 +92,15 @@ TOLS = {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-4}  # per u
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(dtype, case):
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_matches_reference(dtype, case, num_splits):
     B, H, G, M, D, N, P, S, sinks, window = case
     dev = _device()
     q, k, pool, lens = _inputs(case, dtype, dev, seed=CASES.index(case))
     out = torch.full((B, G, S), 12345, dtype=torch.int32, device=dev)  # poisoned: every slot must be written
-    pool_select(q, k, pool, lens, budget=S, sinks=sinks, window=window, out=out, block_n=16)
+    scratch = torch.full((B * G * 1024,), float("nan"), device=dev)  # masses must all be written before the select
+    pool_select(q, k, pool, lens, budget=S, sinks=sinks, window=window, out=out, block_n=16, num_splits=num_splits,
+                scratch=scratch)
     check_choice(out, q, k, pool, lens, S, sinks, window, TOLS[dtype] * H // G * M)
     assert (out != 12345).all()
 
@@ -110,6 +113,8 @@ def test_exact_on_a_clear_margin():
     q, k, pool, lens = _inputs(case, torch.float32, dev, seed=11)
     B, H, G, M, D, N, P, S, sinks, window = case
     out = pool_select(q, k, pool, lens, budget=S, sinks=sinks, window=window, block_n=32)
+    again = pool_select(q, k, pool, lens, budget=S, sinks=sinks, window=window, block_n=32)  # counters were reset
+    assert torch.equal(out, again)
     ref = pool_select_ref(q, k, pool, lens, budget=S, sinks=sinks, window=window)
     assert (out.cpu() == ref.cpu()).float().mean() > 0.99
 
