@@ -6,7 +6,6 @@ buffers (do_bench of the replay / 12). Output: probes/results/pool-select-sweep-
 
 import torch
 import triton
-
 from dustin_kernels import pool_select
 
 
@@ -32,7 +31,7 @@ def main() -> None:
                             pool_select(q, ks[i % 6], pool, lens, **kw)
                     res.append((triton.testing.do_bench(g.replay, warmup=5, rep=40) / 12, sp, bn, nw))
         res.sort()
-        print("B,H,G", B, H, G, "best", [("%.4f ms" % r[0],) + r[1:] for r in res[:6]], "default(None,64,4)",
+        print("B,H,G", B, H, G, "best", [(f"{r[0]:.4f} ms",) + r[1:] for r in res[:6]], "default(None,64,4)",
               [r for r in res if r[1:4] == (None, 64, 4)])
 
 
