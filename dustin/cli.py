@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dustin_runtime.errors import DustinError
+from dustin_runtime.sparse import POOL_MAX_FACTOR
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 profile_app = typer.Typer(
@@ -69,7 +70,7 @@ RefreshLayers = Annotated[str, typer.Option("--refresh-layers", help="dustin: ta
                                             "which the verification pass chooses the set again from that layer's "
                                             "current queries (every KV head); later layers attend it. Default: "
                                             "the profile's (`dustin profile --max-refresh`); 'none': no refresh.")]
-Pool = Annotated[float | None, typer.Option("--pool", min=1.0, max=16.0, help="dustin: choose the set at POOL x "
+Pool = Annotated[float | None, typer.Option("--pool", min=1.0, max=POOL_MAX_FACTOR, help="dustin: choose the set at POOL x "
                                             "budget rows, and let every layer's KV heads attend the budget's rows "
                                             "of it that their current queries weigh most. Default: the profile's, "
                                             "else 1 (no pool).")]
@@ -136,7 +137,7 @@ def bench_attention(
     groups: str = typer.Option("1", help="Layer groups of the estimate, comma-separated (each scores its own "
                                         "retrieval heads and selects its own set; 1: the single set only)."),
     group_kv_heads: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of each layer group."),
-    pool: float = typer.Option(1.0, min=1.0, max=16.0, help="Also time pool_select from a pool of POOL x budget "
+    pool: float = typer.Option(1.0, min=1.0, max=POOL_MAX_FACTOR, help="Also time pool_select from a pool of POOL x budget "
                                                             "rows (dustin --pool) and its cost over all layers."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
@@ -255,7 +256,7 @@ def bench_e2e(
     refresh_layers: str = typer.Option("", "--refresh-layers",
                                        help="Target layers (comma-separated) at which the -r policies choose "
                                             "the set again inside the verification pass."),
-    pool: float = typer.Option(1.0, "--pool", min=1.0, max=16.0, help="The -r policies' pool: the set chosen at "
+    pool: float = typer.Option(1.0, "--pool", min=1.0, max=POOL_MAX_FACTOR, help="The -r policies' pool: the set chosen at "
                                "POOL x budget rows, every layer's KV heads attending the budget's rows of it."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),

@@ -19,7 +19,7 @@ from typing import get_args, get_origin, get_type_hints
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
+from dustin_runtime.sparse import DRAFT_KV, POOL_MAX_FACTOR, LayerGroup, SparseConfig, scale_m
 
 SCHEMA_VERSION = 4
 READS = (1, 2, 3, 4)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers; 3: no pool
@@ -298,8 +298,8 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers or prof.groups):
         raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
                           f"{prof.target.num_layers}) in ascending order, and only without layer groups")
-    if not 1.0 <= prof.pool <= 16.0 or (prof.pool != 1.0 and prof.groups):
-        raise DustinError(f"{source}: pool {prof.pool} must be a factor in [1, 16] (1 with layer groups)")
+    if not 1.0 <= prof.pool <= POOL_MAX_FACTOR or (prof.pool != 1.0 and prof.groups):
+        raise DustinError(f"{source}: pool {prof.pool} must be a factor in [1, {POOL_MAX_FACTOR:g}] (1 with layer groups)")
     if not 0 <= prof.draft_group < max(1, len(prof.groups)):
         raise DustinError(f"{source}: draft_group {prof.draft_group} is not one of the profile's groups")
     sets = [(prof.draft_heads, prof.target_heads)] + [(g.draft_heads, g.target_heads) for g in prof.groups]

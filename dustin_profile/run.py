@@ -43,7 +43,7 @@ from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
 from dustin_runtime.provenance import git_commit
-from dustin_runtime.sparse import POOL_MAX_ROWS
+from dustin_runtime.sparse import POOL_MAX_FACTOR, POOL_MAX_ROWS
 
 WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence
 REPO = Path(__file__).resolve().parents[1]
@@ -113,9 +113,9 @@ class ProfileConfig:
             raise DustinError("--max-refresh re-selects one set: it cannot be combined with --max-groups > 1")
         if self.pools and self.max_groups > 1:
             raise DustinError("--pools widens the one set: it cannot be combined with --max-groups > 1")
-        bad = [p for p in self.pools if not (math.isfinite(p) and 1.0 < p <= 16.0)]
+        bad = [p for p in self.pools if not (math.isfinite(p) and 1.0 < p <= POOL_MAX_FACTOR)]
         if bad:
-            raise DustinError(f"--pools: factors must lie in (1, 16], got {bad[0]}")
+            raise DustinError(f"--pools: factors must lie in (1, {POOL_MAX_FACTOR:g}], got {bad[0]}")
         if self.pools and round(max(self.pools) * self.budget) > POOL_MAX_ROWS:
             raise DustinError(f"--pools: {max(self.pools)} x budget {self.budget} is above the {POOL_MAX_ROWS} rows "
                               "a layer's selection holds")
