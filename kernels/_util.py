@@ -10,6 +10,7 @@ import os
 
 import torch
 
+LOG2E = 1.4426950408889634  # log2(e): the kernels' softmax runs in base 2 (exp2 of logits x scale x LOG2E)
 _LOCKS: dict[tuple[str, str, int | None], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []  # grown-out lock buffers stay alive: captured graphs hold their address
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from dustin_kernels._util import (
+    LOG2E,
     cdiv,
     check_lens,
     check_out,
@@ -38,7 +39,6 @@ from dustin_kernels._util import (
 )
 from dustin_kernels.select import _topk_mask, _ukey
 
-LOG2E = 1.4426950408889634
 POOL_MAX = 8192
 
 

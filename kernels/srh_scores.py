@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from dustin_kernels._util import (
+    LOG2E,
     cdiv,
     check_lens,
     check_out,
@@ -37,7 +38,6 @@ from dustin_kernels._util import (
     ticket_counters,
 )
 
-LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)
 PROBS_MAX_BYTES = 1 << 30  # scratch for the stored probabilities; beyond it, two passes over the keys
 

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 from dustin_kernels._util import (
+    LOG2E,
     cdiv,
     check_lens,
     check_out,
@@ -55,7 +56,6 @@ try:  # grid dependency control (programmatic dependent launch); absent in older
 except ImportError:  # pragma: no cover - depends on the Triton version
     gdc_launch_dependents = gdc_wait = None
 
-LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG_BIG - NEG_BIG) = 1, not NaN
 
 

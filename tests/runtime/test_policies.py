@@ -51,6 +51,22 @@ def run(pair, policy, cfg, measure_arr=False, ops=None, trace=False, prompts=PRO
     return speculative_generate(target, draft, prompts, max_new, gamma=gamma, hooks=hooks), hooks
 
 
+def spy_verify(hooks, after_before, after_observe):
+    """Call after_before() after hooks.before_verify and after_observe(layer, q, cache, ctx) after each
+    hooks.observe_verify (the set chosen, or re-chosen at a refresh layer, is in place by then)."""
+    inner_before, inner_observe = hooks.before_verify, hooks.observe_verify
+
+    def before_verify():
+        inner_before()
+        after_before()
+
+    def observe_verify(layer, q, cache, ctx):
+        inner_observe(layer, q, cache, ctx)
+        after_observe(layer, q, cache, ctx)
+
+    hooks.before_verify, hooks.observe_verify = before_verify, observe_verify
+
+
 def config(target, draft, budget, sinks=2, window=6):
     return SparseConfig.all_heads(target.cfg, draft.cfg, budget, sinks=sinks, window=window)
 
@@ -365,14 +381,8 @@ def test_refresh_layer_reselects_from_the_current_queries(pair):
     hooks = make_policy("dustin", cfg, target=target, draft=draft)
     hooks.trace = []
     before, wanted = [], []
-    inner_before, inner_observe = hooks.before_verify, hooks.observe_verify
-
-    def before_verify():
-        inner_before()
-        before.append(hooks.indices.clone())
 
     def observe_verify(layer, q, cache, ctx):
-        inner_observe(layer, q, cache, ctx)
         if layer == 1:
             c, t = hooks.cfg, target.cfg
             heads = torch.arange(t.num_heads, dtype=torch.int32) // t.n_rep
@@ -380,7 +390,7 @@ def test_refresh_layer_reselects_from_the_current_queries(pair):
             wanted.append(select_indices_ref(score, None, ctx.start, budget=24, sinks=c.sinks, window=c.window,
                                              m=c.free))
 
-    hooks.before_verify, hooks.observe_verify = before_verify, observe_verify
+    spy_verify(hooks, lambda: before.append(hooks.indices.clone()), observe_verify)
     out = speculative_generate(target, draft, PROMPTS, MAX_NEW, gamma=3, hooks=hooks)
     assert hooks.layer_sets and len(hooks.trace) == 2 * out.stats.steps == 2 * len(before) == 2 * len(wanted)
     for i, (layer, _, idx) in enumerate(hooks.trace):
@@ -427,17 +437,8 @@ def test_pool_layers_attend_their_queries_top_rows_of_the_set(pair):
     hooks = make_policy("dustin", cfg, target=target, draft=draft)
     hooks.trace = []
     pools, wanted = [], []
-    inner_before, inner_observe = hooks.before_verify, hooks.observe_verify
-
-    def before_verify():
-        inner_before()
-        pools.append(hooks.indices.clone())
-
-    def observe_verify(layer, q, cache, ctx):
-        inner_observe(layer, q, cache, ctx)
-        wanted.append(pool_select_ref(q, cache.k[layer], pools[-1], ctx.start, budget=20, sinks=2, window=6))
-
-    hooks.before_verify, hooks.observe_verify = before_verify, observe_verify
+    spy_verify(hooks, lambda: pools.append(hooks.indices.clone()), lambda layer, q, cache, ctx: wanted.append(
+        pool_select_ref(q, cache.k[layer], pools[-1], ctx.start, budget=20, sinks=2, window=6)))
     out = speculative_generate(target, draft, PROMPTS, MAX_NEW, gamma=3, hooks=hooks)
     assert pools[0].shape == (3, 40) and out.stats.extra["pool"] == 40
     assert hooks.layer_sets and len(hooks.trace) == 2 * out.stats.steps == len(wanted)
