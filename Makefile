@@ -138,12 +138,6 @@ repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --out profiles/smollm2-draft.json
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-groups 4 --out profiles/smollm2-draft-groups.json
 
-# The same search with the pool factor after the refresh layers (`--pools`): profiles/smollm2-draft-pool.json
-# (about 60 min on 2 CPU cores; results/pg19-16x1024/pool/README.md holds its numbers).
-.PHONY: repro-profile-pool
-repro-profile-pool: .stamp-install
-	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --pools 1.5,2 --out profiles/smollm2-draft-pool.json
-
 # Evaluation harnesses on the embedded pair (CPU; resumable: re-running skips finished records).
 PROFILE ?= profiles/smollm2-draft.json
 .PHONY: repro-pg19 repro-passkey repro-longbench

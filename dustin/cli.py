@@ -28,7 +28,6 @@ from rich.console import Console
 from rich.text import Text
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse import POOL_MAX_FACTOR
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 profile_app = typer.Typer(
@@ -70,10 +69,6 @@ RefreshLayers = Annotated[str, typer.Option("--refresh-layers", help="dustin: ta
                                             "which the verification pass chooses the set again from that layer's "
                                             "current queries (every KV head); later layers attend it. Default: "
                                             "the profile's (`dustin profile --max-refresh`); 'none': no refresh.")]
-Pool = Annotated[float | None, typer.Option("--pool", min=1.0, max=POOL_MAX_FACTOR, help="dustin: choose the set at POOL x "
-                                            "budget rows, and let every layer's KV heads attend the budget's rows "
-                                            "of it that their current queries weigh most. Default: the profile's, "
-                                            "else 1 (no pool).")]
 DraftVocab = Annotated[str | None, typer.Option("--draft-vocab", help="The draft's LM head over a vocabulary subset "
                                                "(FR-Spec): PATH:K keeps the K most frequent tokens of a token-counts "
                                                "file (`dustin profile vocab`) and EOS; the rest get probability 0 "
@@ -137,8 +132,6 @@ def bench_attention(
     groups: str = typer.Option("1", help="Layer groups of the estimate, comma-separated (each scores its own "
                                         "retrieval heads and selects its own set; 1: the single set only)."),
     group_kv_heads: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of each layer group."),
-    pool: float = typer.Option(1.0, min=1.0, max=POOL_MAX_FACTOR, help="Also time pool_select from a pool of POOL x budget "
-                                                            "rows (dustin --pool) and its cost over all layers."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     _one_process("bench attention")
@@ -148,7 +141,7 @@ def bench_attention(
 
     configs = [
         ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, groups=g,
-                       group_kv_heads=group_kv_heads, pool=pool)
+                       group_kv_heads=group_kv_heads)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget) for g in _ints(groups, "--groups", maximum=MAX_COUNT)
     ]
@@ -176,10 +169,6 @@ def bench_attention(
             console.print(f"estimate+select with {s['groups']} layer groups of {s['group_kv_heads']} KV heads: "
                           f"{s['estimate_groups_fraction']:.2%} (cost model {s['estimate_groups_model_fraction']:.2%}; "
                           f"single set {est:.2%}, model {s['estimate_model_fraction']:.2%})")
-        if s.get("pool_fraction") is not None:
-            console.print(f"pool_select ({s['pool_rows']} -> {cfg['budget']} rows per KV head, every layer): "
-                          f"{s['pool_select_ms']:.4f} ms a layer, {s['pool_fraction']:.2%} of full attention over all "
-                          f"layers; with the per-head sparse attention {s['sparse_with_pool_ms']:.4f} ms a layer")
         summaries.append(res)
 
     ba.run_sweep(configs, out_dir, command, on_result=show)
@@ -251,13 +240,11 @@ def bench_e2e(
     policies: str = typer.Option(",".join(("ar", "full", "dustin", "streamingllm", "quest", "dustin-vs")),
                                  help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
                                       "streamingllm, quest; -vs: drafting over the verification set "
-                                      "(dustin-vs, streamingllm-vs); -r: dustin with --refresh-layers / --pool "
+                                      "(dustin-vs, streamingllm-vs); -r: dustin with --refresh-layers "
                                       "(dustin-r, dustin-vs-r); comma-separated."),
     refresh_layers: str = typer.Option("", "--refresh-layers",
                                        help="Target layers (comma-separated) at which the -r policies choose "
                                             "the set again inside the verification pass."),
-    pool: float = typer.Option(1.0, "--pool", min=1.0, max=POOL_MAX_FACTOR, help="The -r policies' pool: the set chosen at "
-                               "POOL x budget rows, every layer's KV heads attending the budget's rows of it."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),
     new_tokens: NewTokens = 64,
@@ -295,8 +282,7 @@ def bench_e2e(
     command = "dustin " + " ".join(sys.argv[1:])
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
-                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), pool=pool,
-                         draft_vocab=draft_vocab)
+                         m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab)
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
@@ -322,7 +308,7 @@ def bench_e2e(
         console.print(t)
         for name, s in res["summary"].items():
             if "vs_no_refresh" in s:
-                console.print(f"{name} (refresh layers {res['sparse']['refresh_layers']}, pool {res['sparse']['pool']}) vs "
+                console.print(f"{name} (refresh layers {res['sparse']['refresh_layers']}) vs "
                               f"{name.removesuffix(be.REFRESH)}: {s['vs_no_refresh']:.3f}x tokens/s", highlight=False)
         console.print(f"wrote {path}")
 
@@ -358,10 +344,6 @@ def profile(
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
                                             "dustin policy greedily by teacher-forced perplexity on the calibration "
                                             "windows (0: none; one set only)."),
-    pools: str = typer.Option("", help="Pool factors (comma-separated, > 1) dustin may choose its set at, each "
-                                       "layer's KV heads attending the budget's rows of it; chosen after the "
-                                       "refresh layers by the same perplexity objective, the smallest that pays "
-                                       "(none: no pool)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
                                              "is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
@@ -393,7 +375,7 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, retrieval_weight=retrieval_weight,
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
-                        max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh, pools=_floats(pools, "--pools"),
+                        max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh,
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):
@@ -524,7 +506,6 @@ def decode(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
-    pool: Pool = None,
     draft_vocab: DraftVocab = None,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
@@ -540,7 +521,7 @@ def decode(
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     prompts = pipeline.read_prompts(prompt, prompt_file, batch_file, max_new_tokens)
-    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers), pool)
+    plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers))
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
     group = _start_tp(tp, device, tp_select)
@@ -566,7 +547,6 @@ def eval_acceptance(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
-    pool: Pool = None,
     draft_vocab: DraftVocab = None,
     contexts: Contexts = "4096,8192",
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
@@ -609,10 +589,8 @@ def eval_acceptance(
     if refresh and "dustin" not in chosen:
         raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
     loaded = read_profile(profile) if profile is not None else None
-    if pool is not None and pool != 1.0 and "dustin" not in chosen:
-        raise DustinError("--pool applies to policy dustin, which is not among the policies")
     plans = {b: plan_sparse("dustin" if "dustin" in chosen else "streamingllm", loaded, b, sinks, window, all_heads,
-                            draft_kv, refresh, pool)
+                            draft_kv, refresh)
              for b in ints}
     if threads is not None:
         torch.set_num_threads(threads)
@@ -680,14 +658,6 @@ def _print_decode(out) -> None:
     console.print(t)
 
 
-def _floats(text: str, flag: str) -> tuple[float, ...]:
-    """A comma-separated list of numbers ('' gives none)."""
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise DustinError(f"{flag} {text!r}: expected comma-separated numbers") from None
-
-
 def _layers(text: str) -> tuple[int, ...] | None:
     """--refresh-layers: None when not given (the profile's), () for 'none', else layer numbers >= 0."""
     if not text.strip():
@@ -697,12 +667,12 @@ def _layers(text: str) -> tuple[int, ...] | None:
     return tuple(_ints(text, "--refresh-layers", minimum=0))
 
 
-def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh="", pool=None):
+def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh=""):
     """Every policy run, checked before any model loads."""
     from dustin_eval.plan import plan_runs
 
     return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads, draft_kv,
-                     _layers(refresh), pool)
+                     _layers(refresh))
 
 
 def _bind(plans, tgt, drf, measure_arr: bool, group=None):
@@ -737,7 +707,6 @@ def eval_pg19(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
-    pool: Pool = None,
     measure_arr: MeasureArr = True,
     seed: Seed = 0,
     dtype: Dtype = "auto",
@@ -755,7 +724,7 @@ def eval_pg19(
     from dustin_eval.pg19_eval import run_pg19
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers, pool)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     books = data or gutenberg_split("eval")
     book_paths(books)  # refuses a folder without books before the models load
     group = _start_tp(tp, device, tp_select)
@@ -790,7 +759,6 @@ def eval_passkey(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
-    pool: Pool = None,
     filler: Path | None = typer.Option(None, help="Folder of .txt books for the filler (default: gutenberg eval)."),
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -806,7 +774,7 @@ def eval_passkey(
     from dustin_eval.passkey_eval import run_passkey
     from dustin_runtime.files import FolderLock
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers, pool)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     ctx = _ints(contexts, "--contexts")
     try:
         dps = [float(d) for d in depths.split(",") if d.strip()]
@@ -852,7 +820,6 @@ def eval_longbench(
     all_heads: AllHeads = False,
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
-    pool: Pool = None,
     dtype: Dtype = "auto",
     device: Device = "auto",
     out_dir: OutDir = Path("results/longbench"),
@@ -869,7 +836,7 @@ def eval_longbench(
     from dustin_runtime.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
-    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers, pool)
+    plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     present = available_datasets(data)  # refuses a source that is neither a folder nor a dataset id
     if datasets:
         names = _names(datasets)

@@ -17,8 +17,8 @@ and drafts: free-running tau also moves with each policy's trajectory, the paire
 ARR (the mean share of the true verification attention the set captured), and `prefix`: the mean
 share of each sequence's tokens, from the start, identical to full verification's.
 
-Refresh layers (`SparseConfig.refresh_layers`, `--refresh-layers`) and the pool (`--pool`) apply to
-the dustin runs only (the other policies run on the same config without them); dustin's records carry them."""
+Refresh layers (`SparseConfig.refresh_layers`, `--refresh-layers`) apply to the dustin runs only
+(the other policies run on the same config without them); dustin's records carry them."""
 
 from __future__ import annotations
 
@@ -151,8 +151,8 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                     scfg = None if budget is None else configs[budget]
                     if policy == "quest" and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
                         scfg = replace(scfg, draft_kv="full")
-                    if policy != "dustin" and scfg is not None:  # refresh layers and the pool: dustin's alone
-                        scfg = replace(scfg, refresh_layers=(), pool=1.0)
+                    if policy != "dustin" and scfg is not None and scfg.refresh_layers:  # dustin's alone
+                        scfg = replace(scfg, refresh_layers=())
                     hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
                                         measure_arr=cfg.measure_arr, paired=cfg.paired)
                     res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
@@ -171,8 +171,6 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                     }
                     if scfg is not None and scfg.refresh_layers:
                         rec["refresh_layers"] = list(scfg.refresh_layers)
-                    if scfg is not None and scfg.pool != 1.0:
-                        rec["pool"] = scfg.pool
                     append_jsonl(runs_path, rec)
                 records.append(rec)
                 if on_record is not None:
@@ -271,10 +269,6 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
     if refresh and "dustin" in cfg.policies:
         note += (f" dustin chooses the set again inside the verification pass at target layers "
                  f"{', '.join(map(str, refresh[0]))} (refresh layers); the other policies do not.")
-    pools = sorted({c.pool_rows for c in configs.values() if c.pool != 1.0})
-    if pools and "dustin" in cfg.policies:
-        note += (f" dustin chooses its set at {pools[0]} rows (a pool) and every layer's KV heads attend the budget's "
-                 "rows of it that their current queries weigh most; the other policies do not.")
     m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",
                        [(None, note + "\n")] + tables, prov)
     return j, m

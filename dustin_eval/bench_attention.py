@@ -8,9 +8,7 @@ Per (model shape, context, batch, budget) it times, in one process on one GPU:
 - the estimator: `srh_scores` on one layer, `select_indices` vs `torch.topk`, and one estimate
   step (SRH scoring of 4 KV heads over 2 layers, accumulated, then select); with `groups` > 1,
   the estimate of that many layer groups (`estimate_group` each: its `group_kv_heads` retrieval
-  KV heads, then its own select), next to the cost model `estimate_cost_ms`; with `pool` > 1,
-  `pool_select` (each KV head's S rows of a pool of pool x S rows, every layer) and its share of
-  full attention over all layers.
+  KV heads, then its own select), next to the cost model `estimate_cost_ms`.
 Each kernel is timed per layer inside a CUDA graph of many calls over distinct buffers (no launch
 gaps, no L2 reuse between calls, as a decode step runs) and with plain `triton.testing.do_bench`.
 GPU-only imports stay inside the functions, so CPU code may import this module.
@@ -66,7 +64,6 @@ class BenchConfig:
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
     groups: int = 1  # layer groups, each with its own retrieval heads and set (1: the single set only)
     group_kv_heads: int = 4  # retrieval KV heads of each group (srh_kv_heads_per_layer per layer)
-    pool: float = 1.0  # > 1: time pool_select ([B, pool x S] -> [B, G, S]) and report its cost over all layers
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
 
@@ -202,7 +199,6 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     from dustin_kernels import (
         full_verify_attention,
         full_verify_attention_ref,
-        pool_select,
         select_indices,
         sparse_verify_attention,
         sparse_verify_attention_ref,
@@ -309,17 +305,6 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
             cfg.groups * (gh * B * N * D * dt.itemsize + (len(group_calls(gh, hs)) + 2) * B * n_max * 4), copy_tbps,
             note=f"{cfg.groups} layer groups x (srh_scores of {gh} KV heads, {hs} a layer, + select_indices)"))
 
-    P = min(round(cfg.pool * S), N)
-    if cfg.pool > 1.0:  # each KV head's S rows of a pool, by the layer's queries (every layer, in the pass)
-        pools = random_index_sets(B, N, P, 16, dev)
-        ps_out = [torch.empty(B, G, S, dtype=torch.int32, device=dev) for _ in range(4)]
-        records.append(record(
-            "pool_select", [lambda i=i: pool_select(qs[i % n_buf], ks[i % n_buf], pools[i % 16], lens, budget=S,
-                                                    sinks=cfg.sinks, window=cfg.window, out=ps_out[i % 4])
-                            for i in range(calls_per_graph(B * G * P * D * dt.itemsize, l2))],
-            B * G * P * D * dt.itemsize + B * P * 4 + B * G * S * 4 + q_bytes, copy_tbps, pool=P,
-            note="bytes = the pool's keys once (the kernel reads them twice, the second time mostly from L2)"))
-
     if cfg.sdpa:
         mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
         records.extend(_sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free))
@@ -330,7 +315,6 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     sparse = rec_by["sparse_verify_attention"]
     est, sel, topk = rec_by.get("estimate_step"), rec_by.get("select_indices"), rec_by.get("torch_topk")
     est_g, srh = rec_by.get("estimate_groups_step"), rec_by.get("srh_scores")
-    pool = rec_by.get("pool_select")
     full_all = shp.layers * best_full["median_ms"]
     model = (lambda g, h: estimate_cost_ms(g, h, hs, srh["median_ms"], sel["median_ms"]) / full_all) if srh and sel \
         else (lambda g, h: None)
@@ -351,11 +335,6 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "estimate_groups_ms": est_g["median_ms"] if est_g else None,
         "estimate_groups_fraction": est_g["median_ms"] / full_all if est_g else None,
         "estimate_groups_model_fraction": model(cfg.groups, cfg.group_kv_heads) if cfg.groups > 1 else None,
-        "pool_rows": P if pool else None,
-        "pool_select_ms": pool["median_ms"] if pool else None,
-        "pool_fraction": shp.layers * pool["median_ms"] / full_all if pool else None,  # every layer, over full
-        "sparse_with_pool_ms": pool["median_ms"] + rec_by["sparse_verify_attention_per_head"]["median_ms"]
-        if pool else None,
         "select_vs_topk_speedup": topk["median_ms"] / sel["median_ms"] if sel and topk else None,
         "copy_tbps": copy_tbps,
         "floor_full_ms": full_bytes / (copy_tbps * 1e12) * 1e3,
@@ -381,8 +360,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
     groups = f"-g{cfg.groups}x{cfg.group_kv_heads}" if cfg.groups > 1 else ""
-    pool = f"-pool{cfg.pool:g}" if cfg.pool > 1.0 else ""
-    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}{pool}.json"
+    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}.json"
 
 
 def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result=None) -> list[dict]:

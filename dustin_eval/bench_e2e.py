@@ -5,9 +5,8 @@ with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive dec
 (standard speculative decoding), `dustin`, `streamingllm`, `quest`; `dustin-vs` and
 `streamingllm-vs` draft over the verification set (`--draft-kv verify-set`) instead of the draft's
 whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
-verification pass chooses the set again at those target layers, `--refresh-layers`) and the pool
-(`--pool`: the set chosen at pool x S rows, each layer's KV heads attending S of them), so one run
-times dustin with and without them side by side. With preset shapes
+verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
+times dustin with and without refresh side by side. With preset shapes
 (`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
 on values; the position limit is raised to context + new tokens), the caches hold `context` random
 rows, and acceptance is replayed: random weights
@@ -92,7 +91,6 @@ class E2EConfig:
     seed: int = 0
     tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
     refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
-    pool: float = 1.0  # the -r policies' pool factor (SparseConfig.pool)
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
 
     def check(self) -> None:
@@ -102,12 +100,11 @@ class E2EConfig:
         if not self.policies:
             raise DustinError("give at least one policy")
         refreshed = [p for p in self.policies if split_policy(p)[2]]
-        if refreshed and not self.refresh_layers and self.pool == 1.0:
-            raise DustinError(f"policy {refreshed[0]} runs dustin with refresh layers or a pool: give "
-                              "--refresh-layers or --pool")
-        if (self.refresh_layers or self.pool != 1.0) and not refreshed:
-            raise DustinError("--refresh-layers and --pool apply to the -r policies (dustin-r, dustin-vs-r), none of "
-                              "which is among the policies")
+        if refreshed and not self.refresh_layers:
+            raise DustinError(f"policy {refreshed[0]} chooses the set again at refresh layers: give --refresh-layers")
+        if self.refresh_layers and not refreshed:
+            raise DustinError("--refresh-layers applies to the -r policies (dustin-r, dustin-vs-r), none of which "
+                              "is among the policies")
         shape = preset_shape(self.target)
         if self.draft_vocab is not None:
             from dustin_runtime.draft_vocab import parse_spec
@@ -127,8 +124,8 @@ class E2EConfig:
             raise DustinError(f"context {self.context} is too short for gamma {self.gamma}")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             raise DustinError(f"alphas must lie in [0, 1], got {list(self.alphas)}")
-        SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets,
-                     refresh_layers=self.refresh_layers, pool=self.pool)  # refresh layers out of order, bad pools
+        SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets
+                     refresh_layers=self.refresh_layers)  # and refresh layers out of order
 
 
 # ---------------------------------------------------------------- replayed acceptance
@@ -277,7 +274,7 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     if sparse_draft:
         scfg = replace(scfg, draft_kv="verify-set")
     if refresh:
-        scfg = replace(scfg, refresh_layers=cfg.refresh_layers, pool=cfg.pool)
+        scfg = replace(scfg, refresh_layers=cfg.refresh_layers)
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
@@ -319,9 +316,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
     policy, sparse_draft, refresh = split_policy(policy)
-    pool = replace(scfg, pool=cfg.pool).pool_rows if refresh else cfg.budget  # rows chosen before the pass
-    if sparse_draft:  # the draft reads the set (a pool: all of it), the commits and its drafts, not its cache
-        draft_step = F * (w_d + B // P * (pool + 2 * M) * d.kv_bytes_per_token(el))
+    if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
+        draft_step = F * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
     if policy == "full":
         target = w_t + B * L * kv_row_t
     else:
@@ -330,10 +326,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
             target += L * el * (B * srh * t.head_dim + B // P * len(scfg.draft_heads) * d.head_dim)
-        if refresh:  # every (local) KV head's keys of each refresh layer; a pool's keys at every layer
+        if refresh:  # every (local) KV head's keys of each refresh layer
             target += len(cfg.refresh_layers) * B * L * (t.kv_size // P) * el
-            if pool > cfg.budget:
-                target += t.num_layers * B * pool * (t.kv_size // P) * el
         if policy == "quest":  # min and max key per page of 16, every layer and KV head
             target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
     total = draft_step + target
@@ -437,7 +431,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
                    "target_heads": [list(h[:2]) for h in scfg.target_heads],
                    "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
-                   "refresh_layers": list(cfg.refresh_layers), "pool": cfg.pool},
+                   "refresh_layers": list(cfg.refresh_layers)},
         "copy_tbps": copy,
         "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
                                        "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),

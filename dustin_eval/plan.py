@@ -65,7 +65,6 @@ class SparsePlan:
     all_heads: bool = False
     draft_kv: str | None = None  # None: the profile's (else "full")
     refresh_layers: tuple[int, ...] = ()  # dustin: layers re-selecting the set inside the verification pass
-    pool: float = 1.0  # dustin: the set chosen at pool x budget rows, each layer's KV heads attend S of them
 
     def config(self, target, draft, infos=None) -> SparseConfig | None:
         """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
@@ -86,8 +85,6 @@ class SparsePlan:
             cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, draft_kv=kv or "full")
         if self.refresh_layers:
             cfg = replace(cfg, refresh_layers=self.refresh_layers)
-        if self.pool != 1.0:
-            cfg = replace(cfg, pool=self.pool)
         cfg.check_models(target.model.cfg, draft.model.cfg)
         return cfg
 
@@ -97,30 +94,24 @@ class SparsePlan:
             return {"policy": self.policy}
         # fields at their one-set defaults are left out: keys of records made before layer groups hold
         sparse = {k: v for k, v in asdict(cfg).items()
-                  if k != "source" and not (k in ("groups", "draft_group", "refresh_layers") and not v)
-                  and not (k == "pool" and v == 1.0)}
+                  if k != "source" and not (k in ("groups", "draft_group", "refresh_layers") and not v)}
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
                 "profile": self.profile.content if self.profile else None}
 
 
 def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget: int | None, sinks: int | None,
                 window: int | None, all_heads: bool = False, draft_kv: str | None = None,
-                refresh_layers: Sequence[int] | None = None, pool: float | None = None) -> SparsePlan:
+                refresh_layers: Sequence[int] | None = None) -> SparsePlan:
     """Check one run before any model loads: a known policy, retrieval heads where it needs them
     (a profile that holds some, or --all-heads), budget >= sinks + window, and a draft KV mode the
     policy can draft over; refresh layers only for dustin with one set. Sinks, window and budget
     default to the profile's, else 4, 64 and 512; draft_kv to the profile's, else full; refresh
-    layers (None) to the profile's for dustin, else none (`()` turns the profile's off); the pool
-    factor (None) to the profile's for dustin, else 1 (no pool)."""
+    layers (None) to the profile's for dustin, else none (`()` turns the profile's off)."""
     if profile is not None and not isinstance(profile, LoadedProfile):
         profile = read_profile(profile)
     if refresh_layers is None:
         refresh_layers = profile.profile.refresh_layers if profile is not None and policy == "dustin" else ()
     refresh_layers = tuple(refresh_layers)
-    if pool is None:
-        pool = profile.profile.pool if profile is not None and policy == "dustin" else 1.0
-    if pool != 1.0 and policy != "dustin":
-        raise DustinError(f"--pool: policy {policy} has no signal to choose a pool with (only dustin does)")
     if refresh_layers and policy != "dustin":
         raise DustinError(f"--refresh-layers: policy {policy} has no set to choose again inside the verification "
                           "pass (only dustin does)")
@@ -139,12 +130,12 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
     if policy == "full":
         return SparsePlan(policy, None, sinks, window, profile, all_heads)
     budget = budget if budget is not None else prof.budget if prof else DEFAULT_BUDGET
-    cfg = SparseConfig(budget=budget, sinks=sinks, window=window,  # refuses budget < sinks + window,
-                       refresh_layers=refresh_layers, pool=pool)  # refresh layers out of order and bad pools
+    cfg = SparseConfig(budget=budget, sinks=sinks, window=window,  # refuses budget < sinks + window
+                       refresh_layers=refresh_layers)  # and refresh layers out of order
     if policy in HEAD_POLICIES and prof is not None:
         cfg = prof.to_sparse_config(budget, sinks, window)
-        if refresh_layers or pool != 1.0:
-            replace(cfg, refresh_layers=refresh_layers, pool=pool)  # refuses them with layer groups
+        if refresh_layers:
+            replace(cfg, refresh_layers=refresh_layers)  # refuses them with layer groups
         missing = [who for g in cfg.layer_groups
                    for who, need, heads in (("draft", g.m > 0, g.draft_heads), ("target", g.m < cfg.free, g.target_heads))
                    if need and not heads]
@@ -155,21 +146,18 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         if missing:
             raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads (in a layer group), but at budget "
                               f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
-    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv, refresh_layers, pool)
+    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv, refresh_layers)
 
 
 def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Path | None, sinks: int | None,
               window: int | None, all_heads: bool = False, draft_kv: str | None = None,
-              refresh_layers: Sequence[int] | None = None, pool: float | None = None) -> dict[PolicyRun, SparsePlan]:
+              refresh_layers: Sequence[int] | None = None) -> dict[PolicyRun, SparsePlan]:
     """Every policy at every budget (full once, without a budget), each checked before any model
-    loads; the profile is read once; refresh layers and the pool apply to the dustin runs (None: the
-    profile's)."""
+    loads; the profile is read once; refresh layers apply to the dustin runs (None: the profile's)."""
     if not policies:
         raise DustinError("no policy given")
     if refresh_layers and "dustin" not in policies:
         raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
-    if pool is not None and pool != 1.0 and "dustin" not in policies:
-        raise DustinError("--pool applies to policy dustin, which is not among the policies")
     loaded = read_profile(profile) if profile is not None else None
     runs = [PolicyRun(p, None) if p == "full" else PolicyRun(p, b)
             for p in policies for b in ([None] if p == "full" else budgets)]
@@ -177,8 +165,7 @@ def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Pa
         raise DustinError("no budget given")
     return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads,
                            None if r.policy in ("full", "quest") else draft_kv,
-                           refresh_layers if r.policy == "dustin" else (),
-                           pool if r.policy == "dustin" else 1.0) for r in dict.fromkeys(runs)}
+                           refresh_layers if r.policy == "dustin" else ()) for r in dict.fromkeys(runs)}
 
 
 def sparse_configs(plans: dict, target, draft) -> dict:

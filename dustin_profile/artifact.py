@@ -2,9 +2,8 @@
 runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `tables`).
 
 Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 3
-refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`); schema 4 the pool factor
-(`pool`: the set chosen at pool x budget rows, each layer's KV heads attending S of them). Schema 1-3
-files load unchanged (one set for every layer or no groups; no refresh layers; no pool). Loading validates the schema; `check_models`
+refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`). Schema 1 and 2 files load
+unchanged (one set for every layer or no groups; no refresh layers). Loading validates the schema; `check_models`
 refuses a profile made for other models."""
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ from typing import get_args, get_origin, get_type_hints
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import DRAFT_KV, POOL_MAX_FACTOR, LayerGroup, SparseConfig, scale_m
+from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
 
-SCHEMA_VERSION = 4
-READS = (1, 2, 3, 4)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers; 3: no pool
+SCHEMA_VERSION = 3
+READS = (1, 2, 3)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,6 @@ class Profile:
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
-    pool: float = 1.0  # the dustin policy's pool factor (SparseConfig.pool; 1: none)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -245,7 +243,7 @@ def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> 
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile` (schema 1 to 4): field types, ranges, layer groups and heads
+    """Validate and build a `Profile` (schema 1, 2 or 3): field types, ranges, layer groups and heads
     inside the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
@@ -298,8 +296,6 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers or prof.groups):
         raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
                           f"{prof.target.num_layers}) in ascending order, and only without layer groups")
-    if not 1.0 <= prof.pool <= POOL_MAX_FACTOR or (prof.pool != 1.0 and prof.groups):
-        raise DustinError(f"{source}: pool {prof.pool} must be a factor in [1, {POOL_MAX_FACTOR:g}] (1 with layer groups)")
     if not 0 <= prof.draft_group < max(1, len(prof.groups)):
         raise DustinError(f"{source}: draft_group {prof.draft_group} is not one of the profile's groups")
     sets = [(prof.draft_heads, prof.target_heads)] + [(g.draft_heads, g.target_heads) for g in prof.groups]

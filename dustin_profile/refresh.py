@@ -1,4 +1,4 @@
-"""Refresh layers (`--max-refresh K`) and the pool (`--pools`): after Algorithm 1, the target layers at which the verification
+"""Refresh layers (`--max-refresh K`): after Algorithm 1, the target layers at which the verification
 pass re-selects dustin's set from that layer's current queries (`SparseConfig.refresh_layers`),
 chosen greedily by teacher-forced perplexity through the set (`teacher_forced_nll`, what `dustin
 eval pg19` measures) on the calibration windows: each window's last `tokens` tokens are scored
@@ -9,9 +9,7 @@ token it predicts (measured: at S = 512 on 16 x 1024 eval windows, refresh at la
 0.972 over all offsets but 1.095 at the last one, against 1.095 / 1.123 without refresh at 4k).
 Only the last offset, whose token no query of the window has seen, is free of that look-ahead. Round r scores chosen + {c} for every target layer c not chosen and
 keeps the best; the search stops at K layers or when a round's best lowers the perplexity by less
-than `MIN_GAIN` (relative). Up to `SETS_PER_PREFILL` candidates share one prefill of the context.
-The pool factor (`SparseConfig.pool`) is chosen after the refresh layers, with the same objective
-(`choose_pool`)."""
+than `MIN_GAIN` (relative). Up to `SETS_PER_PREFILL` candidates share one prefill of the context."""
 
 from __future__ import annotations
 
@@ -25,18 +23,7 @@ MIN_GAIN = 0.01  # least relative perplexity gain of one more refresh layer (1%:
 EVAL_TOKENS = 320  # scored tokens per window (rounded down to whole verification windows of gamma + 1)
 SETS_PER_PREFILL = 8  # layer sets scored per shared prefill: each run's policy keeps its copy of the cache alive
 
-
-
-@dataclass(frozen=True)
-class Variant:
-    """dustin's set refreshed at `layers`, chosen as a pool of `pool` x budget rows (1: no pool)."""
-
-    layers: tuple[int, ...] = ()
-    pool: float = 1.0
-
-
-Score = Callable[[Sequence[tuple[int, ...] | Variant | None]], list[float]]  # layer sets or variants (None: full)
-#                                                                             -> NLL per token
+Score = Callable[[Sequence[tuple[int, ...] | None]], list[float]]  # layer sets (None: full) -> NLL per token
 
 
 @dataclass(frozen=True)
@@ -65,24 +52,19 @@ def nll_scorer(target, draft, cfg, sequences: list[list[int]], gamma: int, token
                prefill_chunk: int = 2048) -> Score:
     """`score(sets)`: NLL per token at the last offset of the verification windows (module
     docstring) over the last `scored_tokens` of `sequences`, under full attention (None) or
-    dustin's set `cfg` refreshed at each set's layers (`()`: no refresh; a `Variant` adds a pool), in one
-    teacher-forced run sharing the context's prefill."""
+    dustin's set `cfg` refreshed at each set's layers (`()`: no refresh), in one teacher-forced run
+    sharing the context's prefill."""
     from dustin_runtime.policies import make_policy
     from dustin_runtime.teacher_forced import teacher_forced_nll
 
     context = len(sequences[0]) - scored_tokens(len(sequences[0]), gamma, tokens)
 
-    def policy(s):
-        if s is None:
-            return None
-        v = s if isinstance(s, Variant) else Variant(tuple(s))
-        return make_policy("dustin", replace(cfg, refresh_layers=tuple(sorted(v.layers)), pool=v.pool),
-                           target=target, draft=draft)
-
     def score(sets):
         out = []
         for i in range(0, len(sets), SETS_PER_PREFILL):
-            hooks = [policy(s) for s in sets[i: i + SETS_PER_PREFILL]]
+            hooks = [None if s is None else make_policy("dustin", replace(cfg, refresh_layers=tuple(sorted(s))),
+                                                        target=target, draft=draft)
+                     for s in sets[i: i + SETS_PER_PREFILL]]
             res = teacher_forced_nll(target, draft, sequences, context, gamma=gamma, hooks=hooks,
                                      prefill_chunk=prefill_chunk)
             out += [last_offset_nll(r, gamma) for r in res]
@@ -124,37 +106,7 @@ def greedy_refresh(score: Score, candidates: Sequence[int], max_refresh: int,
     return RefreshSearch(tuple(sorted(chosen)), math.exp(best - full), math.exp(base - full), rounds, stop)
 
 
-def heldout_ratios(score: Score, layers: tuple[int, ...], pool: float = 1.0) -> dict:
-    """Perplexity ratios to full attention of dustin without refresh, with `layers` and (a pool
-    factor other than 1) with both."""
-    full, base, found, *pooled = score([None, (), layers, *([Variant(layers, pool)] if pool != 1.0 else [])])
-    out = {"dustin": math.exp(base - full), "dustin + refresh": math.exp(found - full)}
-    if pooled:
-        out["dustin + refresh + pool"] = math.exp(pooled[0] - full)
-    return out
-
-
-@dataclass(frozen=True)
-class PoolSearch:
-    """The chosen pool factor, its perplexity ratio to full attention, every candidate's, and the
-    factor-1 (no pool) ratio they are compared with."""
-
-    pool: float
-    ppl_ratio: float
-    base_ratio: float
-    candidates: list[dict]
-
-
-def choose_pool(score: Score, layers: tuple[int, ...], pools: Sequence[float], min_gain: float = MIN_GAIN) -> PoolSearch:
-    """The pool factor of dustin refreshed at `layers`: the candidates (and 1, no pool) scored in one
-    run; in ascending order each is taken when it lowers the perplexity by at least `min_gain`
-    (relative) from the last one taken, so a larger pool, which reads more keys per layer, has to
-    pay for itself."""
-    factors = sorted({1.0, *(float(p) for p in pools)})
-    full, *nlls = score([None, *(Variant(tuple(layers), f) for f in factors)])
-    chosen, best = 0, nlls[0]
-    for i in range(1, len(factors)):
-        if 1 - math.exp(nlls[i] - best) >= min_gain:
-            chosen, best = i, nlls[i]
-    return PoolSearch(factors[chosen], math.exp(best - full), math.exp(nlls[0] - full),
-                      [{"pool": f, "ppl_ratio": math.exp(n - full)} for f, n in zip(factors, nlls, strict=True)])
+def heldout_ratios(score: Score, layers: tuple[int, ...]) -> dict:
+    """Perplexity ratios to full attention of dustin without refresh and with `layers`."""
+    full, base, found = score([None, (), layers])
+    return {"dustin": math.exp(base - full), "dustin + refresh": math.exp(found - full)}

@@ -43,7 +43,6 @@ from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
 from dustin_runtime.provenance import git_commit
-from dustin_runtime.sparse import POOL_MAX_FACTOR, POOL_MAX_ROWS
 
 WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +73,6 @@ class ProfileConfig:
     max_groups: int = 1  # layer groups of the target (1: one set for every layer)
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
-    pools: tuple[float, ...] = ()  # pool factors (> 1) the dustin policy may take, chosen by perplexity (refresh.py)
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
     draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
@@ -111,14 +109,6 @@ class ProfileConfig:
             raise DustinError(f"--max-refresh must be >= 0, got {self.max_refresh}")
         if self.max_refresh and self.max_groups > 1:
             raise DustinError("--max-refresh re-selects one set: it cannot be combined with --max-groups > 1")
-        if self.pools and self.max_groups > 1:
-            raise DustinError("--pools widens the one set: it cannot be combined with --max-groups > 1")
-        bad = [p for p in self.pools if not (math.isfinite(p) and 1.0 < p <= POOL_MAX_FACTOR)]
-        if bad:
-            raise DustinError(f"--pools: factors must lie in (1, {POOL_MAX_FACTOR:g}], got {bad[0]}")
-        if self.pools and round(max(self.pools) * self.budget) > POOL_MAX_ROWS:
-            raise DustinError(f"--pools: {max(self.pools)} x budget {self.budget} is above the {POOL_MAX_ROWS} rows "
-                              "a layer's selection holds")
         if not math.isfinite(self.epsilon) or self.epsilon < 0:
             raise DustinError(f"--epsilon must be a finite number >= 0, got {self.epsilon}")
         if self.verify_tokens not in ("draft", "text"):
@@ -436,9 +426,9 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     )
     from dustin_profile.plots import write_plots
 
-    if cfg.max_refresh or cfg.pools:
+    if cfg.max_refresh:
         t_refresh = time.perf_counter()
-        with console.status(f"refresh layers (up to {cfg.max_refresh}) and pool"):
+        with console.status(f"refresh layers (up to {cfg.max_refresh})"):
             prof = _search_refresh(prof, cfg, tgt.model, drf.model, windows[:n], held_windows)
         prof.calibration["run"]["seconds"]["refresh"] = round(time.perf_counter() - t_refresh, 2)
     prof = replace(prof, tables={**tables, **write_plots(stage, prof)})
@@ -458,8 +448,7 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
         return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.EVAL_TOKENS,
                              cfg.prefill_chunk)
 
-    score = scorer(calib_windows)
-    found = rf.greedy_refresh(score, range(target.cfg.num_layers), cfg.max_refresh)
+    found = rf.greedy_refresh(scorer(calib_windows), range(target.cfg.num_layers), cfg.max_refresh)
     total = len(calib_windows[0].tokens)
     record = {"max_refresh": cfg.max_refresh, "candidates": "every target layer", "min_gain": rf.MIN_GAIN,
               "objective": "teacher-forced perplexity ratio to full attention through dustin's set at the profile's "
@@ -468,17 +457,9 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
               "scored_tokens": rf.scored_tokens(total, cfg.gamma), "windows": len(calib_windows),
               "stop": found.stop, "ppl_ratio": found.ppl_ratio, "ppl_ratio_without": found.base_ratio,
               "rounds": found.rounds}
-    pool = 1.0
-    if cfg.pools:  # then the pool factor, by the same objective with the layers found
-        ps = rf.choose_pool(score, found.layers, cfg.pools)
-        pool = ps.pool
-        record["pool"] = {"candidates": ps.candidates, "chosen": ps.pool, "ppl_ratio": ps.ppl_ratio,
-                          "rule": "ascending factors, each taken when it lowers perplexity by >= min_gain from the "
-                                  "last taken"}
     if held_windows:
-        record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers,
-                                                                               pool)}
-    return replace(prof, refresh_layers=found.layers, refresh_search=record, pool=pool)
+        record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers)}
+    return replace(prof, refresh_layers=found.layers, refresh_search=record)
 
 
 def _heads(cands: list[Candidate]) -> tuple[HeadChoice, ...]:

@@ -11,7 +11,7 @@ import torch
 
 @dataclass(frozen=True)
 class SparseOps:
-    """srh_scores / select_indices / pool_select / sparse_verify_attention with one calling convention."""
+    """srh_scores / select_indices / sparse_verify_attention with one calling convention."""
 
     triton: bool
 
@@ -62,28 +62,6 @@ class SparseOps:
 
         return out.copy_(select_indices_ref(primary, secondary, cache_lens, budget=budget, sinks=sinks,
                                             window=window, m=m))
-
-    def pool_select(
-        self,
-        q: torch.Tensor,  # [B, H, M, D]
-        k_cache: torch.Tensor,  # [B, G, N_max, D]
-        pool: torch.Tensor,  # [B, P] int32, ascending, -1 padded
-        cache_lens: torch.Tensor,  # [B] int32
-        out: torch.Tensor,  # [B, G, S] int32
-        *,
-        sinks: int,
-        window: int,
-    ) -> torch.Tensor:
-        """Each KV head's S rows of the pool by its queries' softmax mass over the pool (sinks and
-        window kept) into `out` (ascending, -1 padded)."""
-        budget = out.shape[2]
-        if self.triton:
-            from dustin_kernels import pool_select
-
-            return pool_select(q, k_cache, pool, cache_lens, budget=budget, sinks=sinks, window=window, out=out)
-        from dustin_kernels import pool_select_ref
-
-        return out.copy_(pool_select_ref(q, k_cache, pool, cache_lens, budget=budget, sinks=sinks, window=window))
 
     def sparse_verify_attention(
         self,

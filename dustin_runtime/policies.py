@@ -40,7 +40,7 @@ from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
 from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
 from dustin_runtime.signals import DraftLookahead, TargetHistory, normalise_
-from dustin_runtime.sparse import POLICIES, LayerGroup, SparseConfig, every_head, scale_m
+from dustin_runtime.sparse import POLICIES, LayerGroup, SparseConfig, every_head
 from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.tp import local_heads
 
@@ -225,8 +225,8 @@ class SparsePolicy(SpecHooks):
             self.true = TrueAttention(B, target_cache.max_len, target_cache.num_layers, target_cache.k[0].shape[1],
                                       dev, per_layer=self.measure_arr and self.layer_sets)
         self.allocate(B, target_cache.max_len, dev)
-        if self.cfg.draft_kv == "verify-set":  # the set chosen before the pass (a pool: all of it)
-            self.draft_set = DraftSet(draft_cache.batch, self.indices.shape[1], gamma, dev)
+        if self.cfg.draft_kv == "verify-set":
+            self.draft_set = DraftSet(draft_cache.batch, self.cfg.budget, gamma, dev)
 
     @property
     def selects(self) -> bool:
@@ -335,15 +335,14 @@ class GroupSignals:
 
     def __init__(self, group: LayerGroup, policy: SignalPolicy, batch: int, max_len: int, device):
         c, dc, tp = policy.cfg, policy.draft.cfg, policy.tp
-        self.m = scale_m(group.m, c.free, policy.free)  # (its share of the pool's free rows)
+        self.m = group.m
         self.use_draft = bool(group.draft_heads) and group.m > 0
         self.use_target = bool(group.target_heads) and group.m < c.free
-        P = c.pool_rows
         self.qbuf: dict[int, torch.Tensor] = {}  # SRH layer -> its queries' buffer (history scored on a side stream)
         self.lookahead_ready = False  # the lookahead was scored (and normalised) during the step's drafting
         self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
         self.history = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
-        self.indices = torch.full((batch, P), -1, dtype=torch.int32, device=device)  # [B, S] (a pool: [B, P])
+        self.indices = torch.full((batch, c.budget), -1, dtype=torch.int32, device=device)  # [B, S]
         self.draft_rows = self.draft_score  # the lookahead of the draft's rows (TP: a rank's, then gathered)
         if tp is not None:
             self.draft_rows = torch.zeros(policy.dcache.batch, max_len, dtype=torch.float32, device=device)
@@ -377,7 +376,7 @@ class GroupSignals:
         if self.use_draft and self.use_target:
             primary, secondary, m = self.draft_score, self.history, self.m
         else:
-            primary, secondary, m = (self.draft_score if self.use_draft else self.history), None, policy.free
+            primary, secondary, m = (self.draft_score if self.use_draft else self.history), None, c.free
         policy.ops.select_indices(primary, secondary, lens, self.indices, sinks=c.sinks, window=c.window, m=m)
 
 
@@ -392,12 +391,7 @@ class SignalPolicy(SparsePolicy):
         super().__init__(cfg, target, draft, **kw)
         self.name = name
         self.layer_group = cfg.group_of(target.cfg.num_layers)  # [Lt] group of each target layer
-        self.layer_sets = len(cfg.layer_groups) > 1 or bool(cfg.refresh_layers) or self.pooled
-        self.free = cfg.pool_rows - cfg.sinks - cfg.window  # rows the signals choose (of the pool, if any)
-
-    @property
-    def pooled(self) -> bool:
-        return self.cfg.pool_rows > self.cfg.budget
+        self.layer_sets = len(cfg.layer_groups) > 1 or bool(cfg.refresh_layers)
 
     def allocate(self, batch, max_len, device):
         self.groups = [GroupSignals(g, self, batch, max_len, device) for g in self.cfg.layer_groups]
@@ -411,9 +405,6 @@ class SignalPolicy(SparsePolicy):
             self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
                         if self.refresh else None)
-        G = self.tcache.k[0].shape[1]  # (this rank's KV heads under TP)
-        self.layer_set = (torch.full((batch, G, self.cfg.budget), -1, dtype=torch.int32, device=device)
-                          if self.pooled else None)  # [B, G, S]: a layer's sets from the pool
         # The history (next step's signal) is scored on a side stream, beside the rest of the pass
         # (the kernels of one pass, CUDA only, one process); its queries wait in buffers of their own.
         scored = [g for g in self.groups if g.target_signal is not None]
@@ -470,7 +461,7 @@ class SignalPolicy(SparsePolicy):
             if self.tp is not None and not self.per_rank:
                 self.tp.all_reduce_(self.current, op=c.aggregation)
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
-                                    window=c.window, m=self.free)
+                                    window=c.window, m=c.free)
 
     def join(self):
         if self.forked:
@@ -482,16 +473,10 @@ class SignalPolicy(SparsePolicy):
             g.select(self, lens)
 
     def layer_indices(self, layer, q, cache, ctx):
-        idx = self.groups[self.layer_group[layer]].indices
-        if self.layer_set is None:
-            return idx
-        c = self.cfg  # each KV head's S rows of the pool, by this layer's queries
-        return self.ops.pool_select(q, cache.k[layer], idx, ctx.start, self.layer_set, sinks=c.sinks, window=c.window)
+        return self.groups[self.layer_group[layer]].indices
 
     def summary(self):
         out = {**super().summary(), "m": self.m}
-        if self.pooled:
-            out["pool"] = self.cfg.pool_rows
         if self.cfg.refresh_layers:
             out["refresh_layers"] = list(self.cfg.refresh_layers)
         if len(self.groups) > 1:
@@ -575,8 +560,6 @@ def make_policy(
     if cfg is None:
         raise DustinError(f"policy {name} needs a budget (--budget)")
     kw = dict(measure_arr=measure_arr, paired=paired, ops=ops)
-    if cfg.pool_rows > cfg.budget and name != "dustin":
-        raise DustinError(f"policy {name} has no signal to choose a pool with: a pool (--pool) applies to dustin")
     if name == "dustin":
         if any((g.m > 0 and not g.draft_heads) or (g.m < cfg.free and not g.target_heads) for g in cfg.layer_groups):
             raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")

@@ -20,8 +20,6 @@ DEFAULT_SINKS = 4
 DEFAULT_WINDOW = 64
 QUEST_PAGE = 16
 DRAFT_KV = ("full", "verify-set")  # what the draft attends while drafting
-POOL_MAX_FACTOR = 16.0
-POOL_MAX_ROWS = 8192  # dustin_kernels.pool_select holds a pool in registers
 
 
 @dataclass(frozen=True)
@@ -50,12 +48,7 @@ class SparseConfig:
     `refresh_layers` (one set only): target layers at which the verification pass chooses the set
     again, from the current queries of every KV head of that layer (scored as the pass reaches it);
     that layer and the following ones attend the new set, the earlier ones the set chosen before
-    the pass. Each refresh reads one layer's keys.
-
-    `pool` (one set only; >= 1): the set chosen before the pass and at each refresh layer holds
-    P = round(pool x budget) rows, a pool; at every layer each KV head attends the S = `budget` rows
-    of it that its current queries weigh most (`pool_select`: softmax mass over the pool's keys;
-    sinks and window kept). 1: every layer attends the set itself. The draft drafts over the pool."""
+    the pass. Each refresh reads one layer's keys."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -70,7 +63,6 @@ class SparseConfig:
     groups: tuple[LayerGroup, ...] = ()
     draft_group: int = 0
     refresh_layers: tuple[int, ...] = ()
-    pool: float = 1.0
 
     def __post_init__(self):
         if self.sinks < 0 or self.window < 0:
@@ -90,13 +82,6 @@ class SparseConfig:
                 raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
             if self.groups:
                 raise DustinError("refresh layers re-select one set: they cannot be combined with layer groups")
-        if not (isinstance(self.pool, (int, float)) and 1.0 <= self.pool <= POOL_MAX_FACTOR):
-            raise DustinError(f"pool must be a factor of the budget in [1, {POOL_MAX_FACTOR}], got {self.pool!r}")
-        if self.pool_rows > POOL_MAX_ROWS:
-            raise DustinError(f"pool of {self.pool_rows} rows (pool {self.pool} x budget {self.budget}) is above the "
-                              f"{POOL_MAX_ROWS} rows a layer's selection holds")
-        if self.pool_rows > self.budget and self.groups:
-            raise DustinError("a pool widens the one set: it cannot be combined with layer groups")
         if not 0 <= self.draft_group < len(self.layer_groups):
             raise DustinError(f"draft group {self.draft_group} is not one of the {len(self.layer_groups)} groups")
         for g in self.layer_groups:
@@ -117,11 +102,6 @@ class SparseConfig:
     def free(self) -> int:
         """Rows chosen by the signals: budget - sinks - window."""
         return self.budget - self.sinks - self.window
-
-    @property
-    def pool_rows(self) -> int:
-        """P: the rows of the set chosen before the pass (= budget without a pool)."""
-        return max(self.budget, round(self.pool * self.budget))
 
     @property
     def layer_groups(self) -> tuple[LayerGroup, ...]:

@@ -4,7 +4,6 @@
 - `sparse_verify_attention`: the same over a selected index set per sequence (or per KV head);
   `sparse_verify_attention_rope` takes the fused qkv projection instead (RoPE and the cache write inside).
 - `srh_scores`: softmax mass of retrieval-head queries per context position, [B, N_max].
-- `pool_select`: each KV head's S rows of a pool [B, P] by its queries' softmax mass, [B, G, S].
 - `select_indices`: sinks + window + top-m by one score + fill by another, sorted, exact size.
 
 Each has a `<name>_ref` pure-torch reference (fp32 math). Launchers refuse bad arguments with
@@ -12,10 +11,8 @@ Each has a `<name>_ref` pure-torch reference (fp32 math). Launchers refuse bad a
 """
 
 from dustin_kernels._util import KernelArgumentError
-from dustin_kernels.pool_select import pool_select
 from dustin_kernels.reference import (
     full_verify_attention_ref,
-    pool_select_ref,
     select_indices_ref,
     sparse_verify_attention_ref,
     sparse_verify_attention_rope_ref,
@@ -33,8 +30,6 @@ __all__ = [
     "KernelArgumentError",
     "full_verify_attention",
     "full_verify_attention_ref",
-    "pool_select",
-    "pool_select_ref",
     "sparse_verify_attention",
     "sparse_verify_attention_ref",
     "sparse_verify_attention_rope",

@@ -93,28 +93,6 @@ def srh_scores_ref(q, kv_heads, k_cache, cache_lens, *, reduce="sum", scale=None
     return out.float() + score if reduce == "sum" else torch.maximum(out.float(), score)
 
 
-def pool_select_ref(q, k_cache, pool, cache_lens, *, budget, sinks, window, scale=None):
-    """Reference of `pool_select`: [B, G, budget] int32, ascending, -1 padded (mass reduced in fp64)."""
-    B, H, M, D = q.shape
-    G = k_cache.shape[1]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    out = torch.full((B, G, budget), -1, dtype=torch.int32, device=q.device)
-    for b in range(B):
-        rows = pool[b][pool[b] >= 0].long()
-        if rows.numel() <= budget:
-            out[b, :, : rows.numel()] = rows.int()
-            continue
-        L = int(cache_lens[b])
-        fixed = (rows < sinks) | (rows >= L - window)
-        for g in range(G):
-            qg = q[b, g * (H // G) : (g + 1) * (H // G)].double().reshape(-1, D)  # [H / G x M, D]
-            p = torch.softmax(qg @ k_cache[b, g, rows].double().T * scale, dim=-1)  # [H / G x M, R]
-            mass = p.sum(0).masked_fill(fixed, float("inf"))
-            order = torch.sort(mass, descending=True, stable=True).indices[:budget]  # ties: the lower row
-            out[b, g] = torch.sort(rows[order]).values.int()
-    return out
-
-
 def _top(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
     """The k candidate positions with the largest scores, ties to the lower index."""
     if k <= 0:

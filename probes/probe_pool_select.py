@@ -2,7 +2,8 @@
 512): num_splits x block_n x num_warps, each timed as a CUDA graph of 12 calls over 6 distinct key
 buffers (do_bench of the replay / 12). Output: probes/results/pool-select-sweep-<commit>.log.
 
-    python probes/probe_pool_select.py"""
+    python probes/probe_pool_select.py   (against commit b0b3309: `dustin_kernels.pool_select` was removed after
+    it, kernels/NOTES.md)"""
 
 import torch
 import triton

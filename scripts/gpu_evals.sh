@@ -8,8 +8,8 @@
 # package is missing). Env overrides: DRAFT (the draft checkpoint), P1 / PG (the single-set and
 # layer-group profiles), ONLY (space-separated step names, e.g. ONLY="pg19-refresh acceptance-refresh";
 # default: every step). Steps: pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set
-# pg19-refresh acceptance-refresh pg19-pool acceptance-pool (the profile's refresh layers with a pool of
-# POOL x S rows, default 2: every layer's KV heads attend S rows of it, `--pool`).
+# pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 (the profile's refresh layers
+# at S = 768 and 1024).
 set -u
 PY=${PY:-python3}
 TARGET=${TARGET:-smollm2}
@@ -23,8 +23,7 @@ REFRESH=${REFRESH:-}  # empty: the profile's refresh layers
 refresh=${REFRESH:+--refresh-layers $REFRESH}
 PGO=${PGO:-results/pg19-16x1024}  # output folders (overridable: a device run writes under $OUT)
 ACO=${ACO:-results/acceptance-8x256}
-POOL=${POOL:-2}
-STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-pool acceptance-pool"
+STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -59,12 +58,12 @@ done
 step acceptance-refresh $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
   --windows 8 --max-new-tokens 256 --budgets 512 --policies full,dustin $refresh --profile $P1 \
   --out-dir $ACO --name smollm2-draft-refresh
-for ctx in 4096 7168; do  # dustin with the profile's refresh layers and a pool; without: the pg19-refresh records
-  step pg19-pool $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
-    --windows 16 --batch-size 16 --policy full,dustin --budget 512 --profile $P1 $refresh --pool $POOL \
-    --out-dir $PGO/pool
+for ctx in 4096 7168; do  # dustin with the profile's refresh layers at larger budgets
+  step pg19-refresh-budgets $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
+    --windows 16 --batch-size 16 --policy full,dustin --budget 768,1024 --profile $P1 $refresh \
+    --out-dir $PGO/budgets-refresh
 done
-step acceptance-pool $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
-  --windows 8 --max-new-tokens 256 --budgets 512 --policies full,dustin $refresh --pool $POOL --profile $P1 \
-  --out-dir $ACO --name smollm2-draft-pool
+step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
+  --windows 8 --max-new-tokens 256 --budgets 768 --policies full,dustin $refresh --profile $P1 \
+  --out-dir $ACO --name smollm2-draft-refresh-768
 exit $status

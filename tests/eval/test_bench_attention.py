@@ -64,5 +64,3 @@ def test_group_estimate_on_cpu_matches_the_references():
     assert ba.estimate_cost_ms(3, 3, 2, srh_ms=0.1, select_ms=0.04) == pytest.approx(3 * (0.15 + 0.04))
     cfg = ba.BenchConfig(shape="qwen2.5-72b", context=32768, batch=16, budget=512, groups=3, group_kv_heads=2)
     assert ba.result_path(Path("r"), cfg).name == "attention-qwen2.5-72b-32768-16-512-g3x2.json"
-    cfg = ba.BenchConfig(shape="qwen2.5-72b", context=32768, batch=16, budget=512, pool=2.0)
-    assert ba.result_path(Path("r"), cfg).name == "attention-qwen2.5-72b-32768-16-512-pool2.json"

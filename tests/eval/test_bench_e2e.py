@@ -87,9 +87,7 @@ def test_config_refuses_bad_settings(kw, match):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(policies=("dustin", "dustin-r")), "give --refresh-layers"),
-    (dict(policies=("dustin", "dustin-vs"), refresh_layers=(9,)), "apply to the -r policies"),
-    (dict(policies=("dustin", "dustin-vs"), pool=2.0), "apply to the -r policies"),
-    (dict(policies=("dustin-r",), pool=0.5), "factor of the budget"),
+    (dict(policies=("dustin", "dustin-vs"), refresh_layers=(9,)), "applies to the -r policies"),
     (dict(policies=("dustin-r",), refresh_layers=(9, 28)), "refresh layer 28 is past the target's 28 layers"),
     (dict(policies=("dustin-r",), refresh_layers=(18, 9)), "ascending order"),
     (dict(policies=("streamingllm-r",), refresh_layers=(9,)), "unknown policies"),

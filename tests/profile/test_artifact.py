@@ -106,8 +106,7 @@ def test_schema_1_loads_unchanged(tmp_path):
      "outside the model's 2 layers"),
     (lambda d: d.update(draft_group=2), "draft_group 2 is not one of"),
     (lambda d: d["groups"][0].pop("arr"), "group 0: missing field(s) arr"),
-    (lambda d: d.update(schema_version=5), "reads 1, 2, 3, 4"),
-    (lambda d: d.update(pool=2.0), "pool 2.0 must be a factor in [1, 16] (1 with layer groups)"),
+    (lambda d: d.update(schema_version=4), "reads 1, 2, 3"),
 ])
 def test_bad_layer_groups_refused(tmp_path, change, needle):
     d = json.loads(grouped().to_json())
@@ -116,22 +115,3 @@ def test_bad_layer_groups_refused(tmp_path, change, needle):
     with pytest.raises(DustinError) as e:
         load_profile(tmp_path / "p.json")
     assert needle in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.mark.parametrize("pool, ok", [(2.0, True), (1.5, True), (0.5, False), (17, False), ("2", False)])
-def test_pool_round_trips_and_bad_pools_refused(tmp_path, pool, ok):
-    d = json.loads(profile().to_json())
-    d["pool"] = pool
-    (tmp_path / "p.json").write_text(json.dumps(d))
-    if ok:
-        assert load_profile(tmp_path / "p.json").pool == pool
-    else:
-        with pytest.raises(DustinError, match="pool"):
-            load_profile(tmp_path / "p.json")
-
-
-def test_schema_3_profile_loads_without_a_pool(tmp_path):
-    d = json.loads(profile().to_json())
-    d.pop("pool")
-    (tmp_path / "v3.json").write_text(json.dumps({**d, "schema_version": 3}))
-    assert load_profile(tmp_path / "v3.json").pool == 1.0

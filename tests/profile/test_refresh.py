@@ -51,7 +51,7 @@ def setup(made):
 def test_profile_records_the_search(made):
     cfg, res = made
     p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 4
+    assert p.schema_version == SCHEMA_VERSION == 3
     s = p.refresh_search
     assert len(p.refresh_layers) <= cfg.max_refresh and all(0 <= x < 3 for x in p.refresh_layers)
     assert list(p.refresh_layers) == sorted(set(p.refresh_layers))
@@ -164,60 +164,3 @@ def test_last_offset_nll_counts_whole_windows_only():
     r = TeacherForcedResult(nll=[10.0, 7.0], tokens=[10, 8], windows=2,
                             nll_by_offset=[[1.0, 1.0, 1.0, 1.0, 6.0], [1.0, 1.0, 1.0, 1.0, 3.0]])
     assert rf.last_offset_nll(r, 4) == pytest.approx((6.0 + 3.0) / (2 + 1))  # 10 tokens: 2 windows, 8: 1
-
-
-def test_choose_pool_takes_a_larger_pool_only_when_it_pays():
-    """Ascending factors, each taken when it lowers perplexity by >= MIN_GAIN from the last taken:
-    1.5 gains 0.5% (no), 2 gains 3% over no pool (yes), 3 gains 0.2% more (no)."""
-    nll = {1.0: 2.0, 1.5: 2.0 + math.log(0.995), 2.0: 2.0 + math.log(0.97), 3.0: 2.0 + math.log(0.97 * 0.998)}
-    seen = []
-
-    def score(variants):
-        seen.append(variants)
-        return [1.9 if v is None else nll[v.pool] for v in variants]
-
-    found = rf.choose_pool(score, (1, 2), [3.0, 2.0, 1.5])
-    assert len(seen) == 1 and seen[0][0] is None and all(v.layers == (1, 2) for v in seen[0][1:])
-    assert found.pool == 2.0 and found.ppl_ratio == pytest.approx(math.exp(0.1) * 0.97)
-    assert found.base_ratio == pytest.approx(math.exp(0.1))
-    assert [c["pool"] for c in found.candidates] == [1.0, 1.5, 2.0, 3.0]
-    nll[2.0], nll[3.0] = 2.0 + math.log(0.995), 2.0 + math.log(0.992)  # nothing gains 1%: no pool
-    assert rf.choose_pool(score, (), [2.0, 3.0]).pool == 1.0
-
-
-def test_pool_variant_scores_as_its_own_run(setup):
-    """The scorer's pool variant is dustin with that pool, refreshed at the layers (its own run)."""
-    target, draft, sparse, seqs = setup
-    context = len(seqs[0]) - rf.scored_tokens(len(seqs[0]), GAMMA)
-    full, one = teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA, hooks=[
-        None, make_policy("dustin", replace(sparse, refresh_layers=(1,), pool=2.0), target=target, draft=draft)])
-    score = rf.nll_scorer(target, draft, sparse, seqs, GAMMA)
-    got_full, got, plain = score([None, rf.Variant((1,), 2.0), (1,)])
-    assert got_full == pytest.approx(rf.last_offset_nll(full, GAMMA), rel=1e-9)
-    assert got == pytest.approx(rf.last_offset_nll(one, GAMMA), rel=1e-9)
-    assert got != plain  # the pool changes the sets
-
-
-def test_profile_with_pools_records_and_plans_its_pool(models, calib_text, tmp_path):
-    cfg = config(models, calib_text, tmp_path / "p.json", max_refresh=1, pools=(2.0,))
-    p = run_profile(cfg, console=Console(file=io.StringIO())).profile
-    s = p.refresh_search["pool"]
-    assert [c["pool"] for c in s["candidates"]] == [1.0, 2.0] and s["chosen"] == p.pool in (1.0, 2.0)
-    assert (p.pool == 2.0) == (s["candidates"][1]["ppl_ratio"] <= s["candidates"][0]["ppl_ratio"] * (1 - rf.MIN_GAIN))
-    assert ("dustin + refresh + pool" in p.refresh_search["heldout"]) == (p.pool != 1.0)
-    assert load_profile(tmp_path / "p.json").pool == p.pool
-    forced = replace(p, pool=2.0)  # the plan follows the profile's pool unless told otherwise
-    path = tmp_path / "forced.json"
-    path.write_text(json.dumps(forced.to_dict()))
-    assert plan_sparse("dustin", path, None, None, None).pool == 2.0
-    assert plan_sparse("dustin", path, None, None, None, pool=1.0).pool == 1.0
-    assert plan_sparse("streamingllm", path, None, None, None).pool == 1.0
-    with pytest.raises(DustinError, match="--pool"):
-        plan_sparse("quest", path, None, None, None, pool=2.0)
-
-
-@pytest.mark.parametrize("kw, match", [(dict(pools=(1.0,)), "must lie in"), (dict(pools=(2.0,), max_groups=2),
-                                       "max-groups"), (dict(pools=(400.0,)), "must lie in")])
-def test_bad_pools_refused(models, calib_text, tmp_path, kw, match):
-    with pytest.raises(DustinError, match=match):
-        config(models, calib_text, tmp_path / "p.json", **kw).check()

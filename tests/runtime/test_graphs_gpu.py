@@ -1,5 +1,5 @@
 """The decoding loop's CUDA graphs: greedy (and seeded sampled) outputs of the graph path equal the
-eager path token for token, for every policy (dustin with refresh layers and a pool too), ragged prompts, batch
+eager path token for token, for every policy (dustin with refresh layers too), ragged prompts, batch
 1 and 16, sequences finishing early; graphs are captured once per configuration and replayed by
 later calls."""
 
@@ -35,24 +35,21 @@ def prompts(batch, seed):
 
 
 def hooks(name, t, d, budget=64):
-    """The policy of a test name; -vs drafts over the verification set, -r refreshes the set at layer 1,
-    -p chooses it as a pool of 2 x budget rows (each layer's KV heads attend budget rows of it)."""
+    """The policy of a test name; -vs drafts over the verification set, -r refreshes the set at layer 1."""
     if name == "none":
         return None
-    pool = 2.0 if name.endswith("-p") else 1.0
-    name = name.removesuffix("-p")
     refresh = (1,) if name.endswith("-r") else ()
     name = name.removesuffix("-r")
     cfg = SparseConfig(budget=budget, sinks=4, window=16, m=16, draft_heads=((0, 1, (2, 3)),),
                        target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))),
-                       draft_kv="verify-set" if name.endswith("-vs") else "full", refresh_layers=refresh, pool=pool)
+                       draft_kv="verify-set" if name.endswith("-vs") else "full", refresh_layers=refresh)
     name = name.removesuffix("-vs")
     return make_policy(name, None if name == "full" else cfg, target=t, draft=d)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
 @pytest.mark.parametrize("policy", ["none", "full", "dustin", "streamingllm", "quest", "dustin-vs", "dustin-r",
-                                    "dustin-vs-r", "dustin-p", "dustin-vs-r-p"])
+                                    "dustin-vs-r"])
 def test_graph_path_equals_eager_path(pair, policy, batch):
     t, d = pair
     for call in range(2):  # the second call replays the graphs the first captured
