@@ -132,6 +132,8 @@ def bench_attention(
     groups: str = typer.Option("1", help="Layer groups of the estimate, comma-separated (each scores its own "
                                         "retrieval heads and selects its own set; 1: the single set only)."),
     group_kv_heads: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of each layer group."),
+    refresh: int = typer.Option(0, min=0, max=MAX_COUNT, help="Refresh layers of dustin to time with the "
+                                "estimate (each scores every KV head of its layer, then selects; 0: none)."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     _one_process("bench attention")
@@ -141,7 +143,7 @@ def bench_attention(
 
     configs = [
         ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, groups=g,
-                       group_kv_heads=group_kv_heads)
+                       group_kv_heads=group_kv_heads, refresh_layers=refresh)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget) for g in _ints(groups, "--groups", maximum=MAX_COUNT)
     ]
@@ -169,6 +171,10 @@ def bench_attention(
             console.print(f"estimate+select with {s['groups']} layer groups of {s['group_kv_heads']} KV heads: "
                           f"{s['estimate_groups_fraction']:.2%} (cost model {s['estimate_groups_model_fraction']:.2%}; "
                           f"single set {est:.2%}, model {s['estimate_model_fraction']:.2%})")
+        if s.get("refresh_fraction") is not None:
+            console.print(f"{s['refresh_layers']} refresh layers: {s['refresh_fraction']:.2%} (cost model "
+                          f"{s['refresh_model_fraction']:.2%}); estimate+select with them: "
+                          f"{s['estimate_with_refresh_fraction']:.2%}")
         summaries.append(res)
 
     ba.run_sweep(configs, out_dir, command, on_result=show)

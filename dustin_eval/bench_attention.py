@@ -8,7 +8,9 @@ Per (model shape, context, batch, budget) it times, in one process on one GPU:
 - the estimator: `srh_scores` on one layer, `select_indices` vs `torch.topk`, and one estimate
   step (SRH scoring of 4 KV heads over 2 layers, accumulated, then select); with `groups` > 1,
   the estimate of that many layer groups (`estimate_group` each: its `group_kv_heads` retrieval
-  KV heads, then its own select), next to the cost model `estimate_cost_ms`.
+  KV heads, then its own select), next to the cost model `estimate_cost_ms`; with `refresh_layers`
+  > 0, dustin's refresh layers (`refresh_step` each: `srh_scores` of every KV head of one layer,
+  normalised, then `select_indices` on that one signal, as the verification pass re-selects).
 Each kernel is timed per layer inside a CUDA graph of many calls over distinct buffers (no launch
 gaps, no L2 reuse between calls, as a decode step runs) and with plain `triton.testing.do_bench`.
 GPU-only imports stay inside the functions, so CPU code may import this module.
@@ -64,6 +66,7 @@ class BenchConfig:
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
     groups: int = 1  # layer groups, each with its own retrieval heads and set (1: the single set only)
     group_kv_heads: int = 4  # retrieval KV heads of each group (srh_kv_heads_per_layer per layer)
+    refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
 
@@ -138,6 +141,19 @@ def estimate_group(q: list[torch.Tensor], kv_heads: list[torch.Tensor], keys: li
     for i, (qi, hi, ki) in enumerate(zip(q, kv_heads, keys, strict=True)):
         srh_scores(qi, hi, ki, lens, out=scores, accumulate=i > 0)
     return select_indices(scores, secondary, lens, out=out, **sel_kw)
+
+
+def refresh_step(q: torch.Tensor, kv_heads: torch.Tensor, keys: torch.Tensor, lens: torch.Tensor,
+                 scores: torch.Tensor, out: torch.Tensor, **sel_kw) -> torch.Tensor:
+    """One refresh layer as the verification pass runs it: `srh_scores` of every KV head of the
+    layer (q [B, G, r * M, D]: each KV head's query heads stacked, over keys [B, G, N_max, D]) into
+    scores [B, N_max], normalised, then `select_indices` on that signal alone into out [B, S]."""
+    from dustin_kernels import select_indices, srh_scores
+
+    from dustin_runtime.signals import normalise_
+
+    srh_scores(q, kv_heads, keys, lens, out=scores)
+    return select_indices(normalise_(scores), None, lens, out=out, **sel_kw)
 
 
 def estimate_cost_ms(groups: int, heads: int, per_layer: int, srh_ms: float, select_ms: float) -> float:
@@ -305,6 +321,21 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
             cfg.groups * (gh * B * N * D * dt.itemsize + (len(group_calls(gh, hs)) + 2) * B * n_max * 4), copy_tbps,
             note=f"{cfg.groups} layer groups x (srh_scores of {gh} KV heads, {hs} a layer, + select_indices)"))
 
+    if cfg.refresh_layers:
+        q_all = [torch.randn(B, G, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
+        all_heads = torch.arange(G, dtype=torch.int32, device=dev)
+        free_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=S - cfg.sinks - cfg.window)
+
+        def refresh(i):
+            for r in range(cfg.refresh_layers):  # each refresh layer over its own keys
+                b = (i * cfg.refresh_layers + r) % n_buf
+                refresh_step(q_all[b], all_heads, ks[b], lens, score_out[(i + r) % 4], sel_out[(i + r) % 8], **free_kw)
+
+        records.append(record(
+            "refresh_step", [lambda i=i: refresh(i) for i in range(max(3, n_est // 2))],
+            cfg.refresh_layers * (G * B * N * D * dt.itemsize + 2 * B * n_max * 4), copy_tbps,
+            note=f"{cfg.refresh_layers} refresh layers x (srh_scores of all {G} KV heads + select_indices)"))
+
     if cfg.sdpa:
         mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
         records.extend(_sdpa_records(cfg, shp, qs, ks, vs, full_bytes, copy_tbps, mem_free))
@@ -314,7 +345,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     best_full = min(full_kernels, key=lambda r: r["median_ms"])
     sparse = rec_by["sparse_verify_attention"]
     est, sel, topk = rec_by.get("estimate_step"), rec_by.get("select_indices"), rec_by.get("torch_topk")
-    est_g, srh = rec_by.get("estimate_groups_step"), rec_by.get("srh_scores")
+    est_g, srh, ref = rec_by.get("estimate_groups_step"), rec_by.get("srh_scores"), rec_by.get("refresh_step")
     full_all = shp.layers * best_full["median_ms"]
     model = (lambda g, h: estimate_cost_ms(g, h, hs, srh["median_ms"], sel["median_ms"]) / full_all) if srh and sel \
         else (lambda g, h: None)
@@ -335,6 +366,11 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "estimate_groups_ms": est_g["median_ms"] if est_g else None,
         "estimate_groups_fraction": est_g["median_ms"] / full_all if est_g else None,
         "estimate_groups_model_fraction": model(cfg.groups, cfg.group_kv_heads) if cfg.groups > 1 else None,
+        "refresh_layers": cfg.refresh_layers,
+        "refresh_ms": ref["median_ms"] if ref else None,
+        "refresh_fraction": ref["median_ms"] / full_all if ref else None,
+        "refresh_model_fraction": model(cfg.refresh_layers, G) if ref else None,
+        "estimate_with_refresh_fraction": (est["median_ms"] + ref["median_ms"]) / full_all if est and ref else None,
         "select_vs_topk_speedup": topk["median_ms"] / sel["median_ms"] if sel and topk else None,
         "copy_tbps": copy_tbps,
         "floor_full_ms": full_bytes / (copy_tbps * 1e12) * 1e3,
@@ -360,7 +396,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
     groups = f"-g{cfg.groups}x{cfg.group_kv_heads}" if cfg.groups > 1 else ""
-    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}.json"
+    refresh = f"-r{cfg.refresh_layers}" if cfg.refresh_layers else ""
+    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}{refresh}.json"
 
 
 def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result=None) -> list[dict]:

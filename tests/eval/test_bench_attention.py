@@ -64,3 +64,27 @@ def test_group_estimate_on_cpu_matches_the_references():
     assert ba.estimate_cost_ms(3, 3, 2, srh_ms=0.1, select_ms=0.04) == pytest.approx(3 * (0.15 + 0.04))
     cfg = ba.BenchConfig(shape="qwen2.5-72b", context=32768, batch=16, budget=512, groups=3, group_kv_heads=2)
     assert ba.result_path(Path("r"), cfg).name == "attention-qwen2.5-72b-32768-16-512-g3x2.json"
+
+
+def test_refresh_step_on_cpu_matches_the_references():
+    """The bench's refresh layer (srh_scores of every KV head of one layer, normalised, select on that
+    signal alone) equals the references and the runtime's re-selection rule; it is named in the file."""
+    from dustin_kernels import select_indices_ref, srh_scores_ref
+
+    g = torch.Generator().manual_seed(1)
+    B, G, r, M, D, N, S = 2, 3, 3, 2, 16, 177, 37
+    q = torch.randn(B, G, r * M, D, generator=g)
+    heads = torch.arange(G, dtype=torch.int32)
+    keys = torch.randn(B, G, N + 5, D, generator=g)[:, :, :N]  # a view, as a cache slice is
+    lens = torch.tensor([N, 120], dtype=torch.int32)
+    scores = torch.full((B, N), 3.0)
+    out = torch.full((B, S), -9, dtype=torch.int32)
+    kw = dict(budget=S, sinks=2, window=5, m=S - 7)
+    ba.refresh_step(q, heads, keys, lens, scores, out, **kw)
+    want = srh_scores_ref(q, heads, keys, lens)
+    want = want / want.sum(-1, keepdim=True)
+    torch.testing.assert_close(scores, want, rtol=1e-5, atol=1e-7)
+    assert torch.equal(out, select_indices_ref(want, None, lens, **kw))
+    assert (out[1] < 120).all() and (out >= 0).all()
+    cfg = ba.BenchConfig(shape="qwen2.5-72b", context=32768, batch=16, budget=512, refresh_layers=2)
+    assert ba.result_path(Path("r"), cfg).name == "attention-qwen2.5-72b-32768-16-512-r2.json"
