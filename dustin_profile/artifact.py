@@ -2,8 +2,10 @@
 runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `tables`).
 
 Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 3
-refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`). Schema 1 and 2 files load
-unchanged (one set for every layer or no groups; no refresh layers). Loading validates the schema; `check_models`
+refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`); schema 5 score channels
+(`score_channels`, `channel_search`: `--score-channels`; schema 4 was the withdrawn pool's and is
+refused). Older files load unchanged (one set for every layer or no groups; no refresh layers;
+whole keys). Loading validates the schema; `check_models`
 refuses a profile made for other models."""
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
 from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
 
-SCHEMA_VERSION = 3
-READS = (1, 2, 3)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers
+SCHEMA_VERSION = 5
+READS = (1, 2, 3, 5)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Profile:
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
+    score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()  # [Lt][G][r] key channels the scorers read
+    channel_search: dict = field(default_factory=dict)  # how they were chosen (channels.py): criterion, windows
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -132,7 +136,7 @@ class Profile:
             return tuple((h.layer, h.kv_head, tuple(h.query_heads)) for h in hs)
 
         common = dict(budget=budget, sinks=sinks, window=window, aggregation=self.aggregation,
-                      draft_kv=draft_kv or self.draft_kv, source=source)
+                      draft_kv=draft_kv or self.draft_kv, source=source, score_channels=self.score_channels)
         if self.groups:
             return SparseConfig(**common, draft_group=self.draft_group, groups=tuple(
                 LayerGroup(g.start, m_at(g.m, g.m_by_budget), heads(g.draft_heads), heads(g.target_heads))
@@ -243,7 +247,7 @@ def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> 
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile` (schema 1, 2 or 3): field types, ranges, layer groups and heads
+    """Validate and build a `Profile` (schema 1, 2, 3 or 5): field types, ranges, layer groups and heads
     inside the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
@@ -251,7 +255,8 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if version not in READS or isinstance(version, bool):
         raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads "
                           f"{', '.join(map(str, READS))})")
-    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups", "refresh_layers"))
+    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups", "refresh_layers",
+                                          "score_channels"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
@@ -265,6 +270,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if not isinstance(refresh, list) or not all(_is(x, int) for x in refresh):
         raise DustinError(f"{source}: field refresh_layers must be a list of layer numbers")
     kw["refresh_layers"] = tuple(refresh)
+    kw["score_channels"] = _channels(d.get("score_channels", []), d["target"], source)
     prof = Profile(**kw)
     if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
         raise DustinError(f"{source}: gamma {prof.gamma} and budget {prof.budget} must be >= 1, sinks "
@@ -309,6 +315,20 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
                 raise DustinError(f"{source}: {who} head {h}: query heads {list(h.query_heads)} do not all use "
                                   f"KV head {h.kv_head}")
     return prof
+
+
+def _channels(ch, target: dict, where: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """score_channels: [] or [target layers][target KV heads][r] distinct channels in [0, head_dim)."""
+    if ch == []:
+        return ()
+    L, G, D = (target.get(k) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    ok = (isinstance(ch, list) and len(ch) == L and all(isinstance(layer, list) and len(layer) == G for layer in ch)
+          and all(isinstance(c, list) and c and all(_is(x, int) and 0 <= x < D for x in c) and len(set(c)) == len(c)
+                  for layer in ch for c in layer))
+    if not ok or len({len(c) for layer in ch for c in layer}) != 1:
+        raise DustinError(f"{where}: field score_channels must be [{L} layers][{G} KV heads][r] distinct channels in "
+                          f"[0, {D}), the same r everywhere")
+    return tuple(tuple(tuple(c) for c in layer) for layer in ch)
 
 
 def load_profile(path: str | Path) -> Profile:

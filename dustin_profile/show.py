@@ -116,6 +116,12 @@ def render(prof: Profile, folder: Path | None = None) -> list:
                                        f"{_ratio(rs, 'ppl_ratio_without')} without"
                                        + (f"; held out {_ratio(held, 'dustin + refresh')} vs "
                                           f"{_ratio(held, 'dustin')}" if held else "")))
+    if prof.score_channels:
+        cs = prof.channel_search
+        kept = _num(cs, "kept_share")
+        rows.append(("score channels", f"{len(prof.score_channels[0][0])} of {prof.target.head_dim} per layer and KV "
+                                       "head (the scorers read a packed label cache)"
+                                       + (f"; they keep {kept:.1%} of the criterion" if kept is not None else "")))
     if _num(cal, "mean_accepted") is not None:
         rows.append(("mean accepted drafts", f"{_num(cal, 'mean_accepted'):.2f} of {prof.gamma}"))
     run = _sub(cal, "run")

@@ -26,19 +26,21 @@ class SparseOps:
         reduce: str,
         accumulate: bool,
         counters: str = "srh",
+        scale: float | None = None,
     ) -> torch.Tensor:
         """Softmax mass of the heads' queries over [0, cache_lens) into `out` (added or maxed
         into it with `accumulate`; entries >= cache_lens are 0 without it). `counters`: the kernel's
-        ticket namespace (a call that may run beside another on a second stream takes its own)."""
+        ticket namespace (a call that may run beside another on a second stream takes its own).
+        `scale` of the logits: 1 / sqrt(D) unless given (label keys keep the model's)."""
         if self.triton:
             from dustin_kernels import srh_scores
 
             return srh_scores(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out, accumulate=accumulate,
-                              counters=counters)
+                              counters=counters, scale=scale)
         from dustin_kernels import srh_scores_ref
 
         return out.copy_(srh_scores_ref(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out,
-                                        accumulate=accumulate))
+                                        accumulate=accumulate, scale=scale))
 
     def select_indices(
         self,

@@ -35,6 +35,7 @@ import torch
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.label_keys import LabelKeys
 from dustin_runtime.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
@@ -355,7 +356,8 @@ class GroupSignals:
             if empty:
                 raise DustinError(f"per-KV-head selection: rank {empty[0]} of {tp.world} holds none of the target "
                                   "retrieval heads, so it has no signal to select with (use --tp-select shared)")
-        self.target_signal = TargetHistory(heads, device, c.aggregation, policy.ops) if self.use_target else None
+        self.target_signal = (TargetHistory(heads, device, c.aggregation, policy.ops, policy.labels)
+                              if self.use_target else None)
 
     def select(self, policy: SignalPolicy, lens: torch.Tensor) -> None:
         """This group's set for context lengths lens [B]: sinks + window + top-m by the lookahead +
@@ -394,6 +396,7 @@ class SignalPolicy(SparsePolicy):
         self.layer_sets = len(cfg.layer_groups) > 1 or bool(cfg.refresh_layers)
 
     def allocate(self, batch, max_len, device):
+        self.labels = self.label_keys(batch, max_len, device)
         self.groups = [GroupSignals(g, self, batch, max_len, device) for g in self.cfg.layer_groups]
         self.lookaheads = [g.lookahead for g in self.groups if g.lookahead is not None]
         one = self.groups[self.cfg.draft_group]
@@ -402,7 +405,8 @@ class SignalPolicy(SparsePolicy):
         self.refresh = {}  # refresh layer -> the scorer of every KV head of that layer (this rank's under TP)
         for layer in self.cfg.refresh_layers:
             heads = tuple((layer, g, tuple(range(g * t.n_rep, (g + 1) * t.n_rep))) for g in range(t.num_kv_heads))
-            self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops)
+            self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops,
+                                                self.labels)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
                         if self.refresh else None)
         # The history (next step's signal) is scored on a side stream, beside the rest of the pass
@@ -413,9 +417,24 @@ class SignalPolicy(SparsePolicy):
         self.forked = False
         for g in scored:
             if self.side is not None:
-                g.qbuf = {layer: torch.empty(batch, lh.query.numel(), self.gamma + 1, t.head_dim,
+                width = t.head_dim if self.labels is None else self.labels.r
+                g.qbuf = {layer: torch.empty(batch, lh.query.numel(), self.gamma + 1, width,
                                              dtype=self.target.dtype, device=device)
                           for layer, lh in g.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
+
+    def label_keys(self, batch, max_len, device) -> LabelKeys | None:
+        """The label cache of every layer a target scorer reads (retrieval heads' layers of the groups
+        that use the target signal, and the refresh layers), when the config has score channels."""
+        c, t = self.cfg, self.target.cfg
+        if not c.score_channels:
+            return None
+        layers = {h[0] for g in c.layer_groups if g.target_heads and g.m < c.free for h in g.target_heads}
+        layers |= set(c.refresh_layers)
+        ch = torch.tensor(c.score_channels, dtype=torch.long)  # [Lt, G, r]
+        if self.tp is not None:  # this rank's KV heads
+            per = t.num_kv_heads // self.tp.world
+            ch = ch[:, self.tp.rank * per: (self.tp.rank + 1) * per]
+        return LabelKeys(ch, sorted(layers), batch, max_len, t.head_dim, self.target.dtype, device)
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.lookaheads or self.draft_set is not None else default
@@ -430,9 +449,11 @@ class SignalPolicy(SparsePolicy):
 
     def observe_prefill_tail(self, layer, q, cache, ctx):
         b0, b1 = ctx.rows
+        if self.labels is not None and layer in self.labels:  # every prompt row is in the cache now
+            self.labels.fill(layer, cache.k[layer], (b0, b1))
         for g in self.groups:
             if g.target_signal is not None:
-                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1])
+                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
 
     def observe_draft(self, layer, q, slot):
         """Stash the lookahead's queries; in the step's last draft forward (every query in), score each
@@ -448,6 +469,8 @@ class SignalPolicy(SparsePolicy):
                 self.forked = True
 
     def observe_verify(self, layer, q, cache, ctx):
+        if self.labels is not None and layer in self.labels:  # this pass's rows, before they are scored
+            self.labels.write(layer, cache.k[layer], ctx.positions)
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
             if g.target_signal is not None:
                 buf = g.qbuf.get(layer)
@@ -479,6 +502,8 @@ class SignalPolicy(SparsePolicy):
         out = {**super().summary(), "m": self.m}
         if self.cfg.refresh_layers:
             out["refresh_layers"] = list(self.cfg.refresh_layers)
+        if self.cfg.score_channels:
+            out["score_channels"] = self.cfg.channels_r
         if len(self.groups) > 1:
             out["groups"] = [{"start": g.start, "m": s.m} for g, s in zip(self.cfg.layer_groups, self.groups,
                                                                           strict=True)]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dustin_runtime.label_keys import LabelKeys
 from dustin_runtime.ops import SparseOps
 from dustin_runtime.sparse import Head
 
@@ -56,14 +57,17 @@ def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int
 
 
 def score_heads(ops: SparseOps, q: torch.Tensor, lh: LayerHeads, k_cache: torch.Tensor, lens: torch.Tensor,
-                out: torch.Tensor, reduce: str, accumulate: bool, counters: str = "srh") -> None:
-    """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order."""
+                out: torch.Tensor, reduce: str, accumulate: bool, counters: str = "srh",
+                scale: float | None = None) -> None:
+    """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order (D: the keys' width,
+    the label keys' r with `scale` = the model's 1 / sqrt(head_dim))."""
+    kw = dict(reduce=reduce, accumulate=accumulate, counters=counters, scale=scale)
     if lh.groups is not None:
         B, Hs, M, D = q.shape
         q = q.reshape(B, lh.groups.numel(), Hs // lh.groups.numel() * M, D)  # [B, Gs, r * M, D]
-        ops.srh_scores(q, lh.groups, k_cache, lens, out, reduce=reduce, accumulate=accumulate, counters=counters)
+        ops.srh_scores(q, lh.groups, k_cache, lens, out, **kw)
     else:
-        ops.srh_scores(q, lh.kv, k_cache, lens, out, reduce=reduce, accumulate=accumulate, counters=counters)
+        ops.srh_scores(q, lh.kv, k_cache, lens, out, **kw)
 
 
 def normalise_(scores: torch.Tensor) -> torch.Tensor:
@@ -120,31 +124,51 @@ class DraftLookahead:
 
 
 class TargetHistory:
-    """Scores the context with the target's SRH queries of one pass (verification or prefill tail)."""
+    """Scores the context with the target's SRH queries of one pass (verification or prefill tail);
+    with `labels`, over the label keys' channels (`label_keys`; the caller keeps them current)."""
 
-    def __init__(self, heads: tuple[Head, ...], device: torch.device | str, reduce: str, ops: SparseOps):
+    def __init__(self, heads: tuple[Head, ...], device: torch.device | str, reduce: str, ops: SparseOps,
+                 labels: LabelKeys | None = None):
         self.layers = layer_heads(heads, device)
         self.first = min(self.layers) if self.layers else -1
-        self.reduce, self.ops = reduce, ops
+        self.reduce, self.ops, self.labels = reduce, ops, labels
+
+    def inputs(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
+               rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heads' queries [B, Hs, M, D or r] of q [B, H, M, D] and the keys they score (`rows`:
+        the batch rows of q and k_cache, where they are a slice of the batch)."""
+        lh = self.layers[layer]
+        qs = q.index_select(1, lh.query)
+        if self.labels is None:
+            return qs, k_cache
+        keys = self.labels.k[layer]
+        return self.labels.queries(layer, qs, lh.kv), keys if rows is None else keys[rows[0]: rows[1]]
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
-              out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None) -> bool:
+              out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None,
+              rows: tuple[int, int] | None = None) -> bool:
         """At an SRH layer: add the heads' softmax mass of q [B, H, M, D] over [0, lens) into out
         [B, N_max] (the pass's first SRH layer overwrites it); False at other layers.
 
-        With a `side` stream the heads' queries are copied into `qbuf` [B, Hs, M, D] (a buffer that
+        With a `side` stream the heads' queries are copied into `qbuf` [B, Hs, M, D or r] (a buffer that
         outlives the pass) on the current stream and the scoring runs on `side`, beside the rest of
         the pass: the caller makes the current stream wait for `side` before anything reads `out`
         and before `lens` or the cache rows [0, lens) can change."""
         lh = self.layers.get(layer)
         if lh is None:
             return False
+        scale = None if self.labels is None else self.labels.scale
         if side is None:
-            score_heads(self.ops, q.index_select(1, lh.query), lh, k_cache, lens, out, self.reduce,
-                        layer != self.first)
+            qs, keys = self.inputs(layer, q, k_cache, rows)
+            score_heads(self.ops, qs, lh, keys, lens, out, self.reduce, layer != self.first, scale=scale)
             return True
-        qs = torch.index_select(q, 1, lh.query, out=qbuf)
+        if self.labels is None:
+            qs, keys = torch.index_select(q, 1, lh.query, out=qbuf), k_cache
+        else:
+            qs, keys = self.inputs(layer, q, k_cache)
+            qs = qbuf.copy_(qs)
         side.wait_stream(torch.cuda.current_stream(q.device))
         with torch.cuda.stream(side):
-            score_heads(self.ops, qs, lh, k_cache, lens, out, self.reduce, layer != self.first, counters="srh-side")
+            score_heads(self.ops, qs, lh, keys, lens, out, self.reduce, layer != self.first, counters="srh-side",
+                        scale=scale)
         return True

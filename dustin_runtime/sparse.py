@@ -48,7 +48,12 @@ class SparseConfig:
     `refresh_layers` (one set only): target layers at which the verification pass chooses the set
     again, from the current queries of every KV head of that layer (scored as the pass reaches it);
     that layer and the following ones attend the new set, the earlier ones the set chosen before
-    the pass. Each refresh reads one layer's keys."""
+    the pass. Each refresh reads one layer's keys.
+
+    `score_channels` [Lt][G][r] (a profile's, `dustin_profile.channels`): the target's scorers (the
+    retrieval heads' history and the refresh layers) rank rows by q . k / sqrt(D) over these r of the
+    D channels of each layer and KV head, read from a packed label cache (`label_keys`); empty: whole
+    keys."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -63,6 +68,7 @@ class SparseConfig:
     groups: tuple[LayerGroup, ...] = ()
     draft_group: int = 0
     refresh_layers: tuple[int, ...] = ()
+    score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     def __post_init__(self):
         if self.sinks < 0 or self.window < 0:
@@ -82,6 +88,12 @@ class SparseConfig:
                 raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
             if self.groups:
                 raise DustinError("refresh layers re-select one set: they cannot be combined with layer groups")
+        if self.score_channels:
+            rs = {len(c) for layer in self.score_channels for c in layer}
+            if len(rs) != 1 or min(rs) < 1 or any(len(set(c)) != len(c) or min(c) < 0
+                                                  for layer in self.score_channels for c in layer):
+                raise DustinError("score channels must list the same number (>= 1) of distinct channels >= 0 for "
+                                  "every layer and KV head")
         if not 0 <= self.draft_group < len(self.layer_groups):
             raise DustinError(f"draft group {self.draft_group} is not one of the {len(self.layer_groups)} groups")
         for g in self.layer_groups:
@@ -102,6 +114,11 @@ class SparseConfig:
     def free(self) -> int:
         """Rows chosen by the signals: budget - sinks - window."""
         return self.budget - self.sinks - self.window
+
+    @property
+    def channels_r(self) -> int:
+        """Key channels each target scorer reads (0: whole keys)."""
+        return len(self.score_channels[0][0]) if self.score_channels else 0
 
     @property
     def layer_groups(self) -> tuple[LayerGroup, ...]:
@@ -130,6 +147,11 @@ class SparseConfig:
         if self.refresh_layers and self.refresh_layers[-1] >= target.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {target.num_layers} "
                               f"layers (0..{target.num_layers - 1})")
+        ch = self.score_channels
+        if ch and (len(ch) != target.num_layers or any(len(layer) != target.num_kv_heads for layer in ch)
+                   or max(max(c) for layer in ch for c in layer) >= target.head_dim):
+            raise DustinError(f"score channels must be [{target.num_layers} layers][{target.num_kv_heads} KV heads][r] "
+                              f"channels below the target's head dim {target.head_dim}")
         if self.layer_groups[-1].start >= target.num_layers:
             raise DustinError(f"layer group starting at layer {self.layer_groups[-1].start} is past the target's "
                               f"{target.num_layers} layers")

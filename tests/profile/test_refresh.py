@@ -51,7 +51,7 @@ def setup(made):
 def test_profile_records_the_search(made):
     cfg, res = made
     p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 3
+    assert p.schema_version == SCHEMA_VERSION == 5 and p.score_channels == ()
     s = p.refresh_search
     assert len(p.refresh_layers) <= cfg.max_refresh and all(0 <= x < 3 for x in p.refresh_layers)
     assert list(p.refresh_layers) == sorted(set(p.refresh_layers))
