@@ -40,6 +40,7 @@ from dustin_kernels._util import (
 )
 
 NEG_BIG = tl.constexpr(-1.0e30)
+FAST_EXP_ASM = "ex2.approx.f16x2 $0, $1;"  # two 2^x per instruction (PTX, sm_75+)
 
 
 @triton.jit
@@ -51,8 +52,8 @@ def _exp2(x, FAST: tl.constexpr):
     if FAST:
         xc = tl.maximum(x, -126.0)
         xi = tl.floor(xc)
-        y = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [(xc - xi).to(tl.float16)],
-                                      dtype=tl.float16, is_pure=True, pack=2)  # two 2^x per instruction
+        y = tl.inline_asm_elementwise(FAST_EXP_ASM, "=r,r", [(xc - xi).to(tl.float16)], dtype=tl.float16,
+                                      is_pure=True, pack=2)
         bits = y.to(tl.float32).to(tl.int32, bitcast=True) + (xi.to(tl.int32) << 23)
         return tl.where(x < -126.0, 0.0, bits.to(tl.float32, bitcast=True))
     return tl.exp2(x)
