@@ -23,7 +23,6 @@ an absolute error <= 2^-25 of it): scores agree with the fp32 reference to ~5e-4
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -40,23 +39,6 @@ from dustin_kernels._util import (
 )
 
 NEG_BIG = tl.constexpr(-1.0e30)
-FAST_EXP_ASM = "ex2.approx.f16x2 $0, $1;"  # two 2^x per instruction (PTX, sm_75+)
-
-
-@triton.jit
-def _exp2(x, FAST: tl.constexpr):
-    """2^x for x <= 0. FAST: the fraction of x through `ex2.approx.f16x2` (two per instruction; relative
-    error ~2^-11), the integer part added to the exponent bits; 0 below 2^-126. Over a few key
-    channels the scorer computes as many exponentials as it reads bytes, so halving the instructions
-    of the special-function unit is what speeds it up there."""
-    if FAST:
-        xc = tl.maximum(x, -126.0)
-        xi = tl.floor(xc)
-        y = tl.inline_asm_elementwise(FAST_EXP_ASM, "=r,r", [(xc - xi).to(tl.float16)], dtype=tl.float16,
-                                      is_pure=True, pack=2)
-        bits = y.to(tl.float32).to(tl.int32, bitcast=True) + (xi.to(tl.int32) << 23)
-        return tl.where(x < -126.0, 0.0, bits.to(tl.float32, bitcast=True))
-    return tl.exp2(x)
 PROBS_MAX_BYTES = 1 << 30  # scratch for the stored probabilities; beyond it, two passes over the keys
 
 
@@ -68,7 +50,7 @@ def _srh_stats_kernel(
     skb, skg, skn, skd,
     HS: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
-    STORE: tl.constexpr = False, QROWS: tl.constexpr = False, PSTRIDE: tl.constexpr = 1, FAST: tl.constexpr = False,
+    STORE: tl.constexpr = False, QROWS: tl.constexpr = False, PSTRIDE: tl.constexpr = 1,
 ):
     h = tl.program_id(0)
     split = tl.program_id(1)
@@ -103,13 +85,13 @@ def _srh_stats_kernel(
             s = tl.dot(qm, tl.trans(k.to(DT)), input_precision=PREC) * qk_scale  # [BM, BN], log2 units
             s = tl.where(valid[None, :], s, float("-inf"))
             c = tl.max(s, 1)  # [BM]: every block holds a valid key
-            p = _exp2(s - c[:, None], FAST)
+            p = tl.exp2(s - c[:, None])
             psum = tl.sum(p, 1)
         else:
             s = tl.dot(k.to(DT), qt, input_precision=PREC) * qk_scale  # [BN, BM]
             s = tl.where(valid[:, None], s, float("-inf"))
             c = tl.max(s, 0)
-            p = _exp2(s - c[None, :], FAST)
+            p = tl.exp2(s - c[None, :])
             psum = tl.sum(p, 0)
         if STORE:  # PR [B, HS, n_blocks, M, PSTRIDE >= BLOCK_N]: one contiguous tile per block; CB [B, HS, n_blocks, BLOCK_M]
             blk = start // BLOCK_N
@@ -164,7 +146,7 @@ def _srh_score_kernel(
     sob, son,
     HS: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    REDUCE_MAX: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr = False,
+    REDUCE_MAX: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr,
 ):
     split = tl.program_id(0)
     b = n_batch - 1 - tl.program_id(1)  # reverse batch order: start where pass 1 ended (L2)
@@ -188,7 +170,7 @@ def _srh_score_kernel(
             k = tl.load(kb + rn[:, None] * skn + rd[None, :] * skd, mask=valid[:, None] & dmask[None, :],
                         other=0.0).to(tl.float32)
             s = tl.dot(k.to(DT), qt, input_precision=PREC) * qk_scale  # [BN, BM]
-            p = _exp2(s - lse[None, :], FAST)  # padded query columns: lse = inf -> 0
+            p = tl.exp2(s - lse[None, :])  # padded query columns: lse = inf -> 0
             if REDUCE_MAX:
                 score = tl.max(p, 1)
             else:
@@ -258,7 +240,6 @@ def srh_scores(
     store_probs: bool | None = None,
     queries_as_m: bool | None = None,
     counters: str = "srh",
-    fast_exp: bool | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
 
@@ -280,8 +261,7 @@ def srh_scores(
     (`_util.ticket_counters`): launches that may run at the same time on different streams take
     different names. A stored tile's rows are one element longer than the block: an unaligned row is
     stored straight from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory
-    shuffle (measured on the H200). fast_exp: the per-key exponentials through `_exp2`'s f16x2 path
-    (None: for 16-bit inputs on a GPU; never in the interpreter, which has no inline PTX).
+    shuffle (measured on the H200).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
@@ -317,9 +297,6 @@ def srh_scores(
     wml = torch.empty(B * HS * splits * 2 * BLOCK_M if splits > 1 else 1, dtype=torch.float32, device=q.device)
     locks = ticket_counters(q.device, B * HS, counters) if splits > 1 else lse
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    if fast_exp is None:
-        fast_exp = q.dtype != torch.float32
-    fast_exp = bool(fast_exp) and q.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     qk_scale = scale * LOG2E
     p_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
     p_size = torch.finfo(p_dtype).bits // 8
@@ -333,8 +310,7 @@ def srh_scores(
         q, kv_heads, k_cache, cache_lens, lse, wml, locks, pr, cb, qk_scale, chunk, splits, n_blocks,
         *q.stride(), *k_cache.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
-        STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, FAST=fast_exp, num_warps=num_warps,
-        num_stages=num_stages,
+        STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, num_warps=num_warps, num_stages=num_stages,
     )
     p2 = cdiv((16 if store_probs else 4) * num_sms(q.device), B)  # stored: a few blocks per program
     if store_probs:
@@ -350,7 +326,7 @@ def srh_scores(
         q, kv_heads, k_cache, cache_lens, lse, out, qk_scale, chunk2, N, B,
         *q.stride(), *k_cache.stride(), *out.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
-        REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, PREC=prec, FAST=fast_exp,
+        REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, PREC=prec,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
