@@ -404,7 +404,7 @@ class SignalPolicy(SparsePolicy):
         t = self.target.cfg
         self.refresh = {}  # refresh layer -> the scorer of every KV head of that layer (this rank's under TP)
         for layer in self.cfg.refresh_layers:
-            heads = tuple((layer, g, tuple(range(g * t.n_rep, (g + 1) * t.n_rep))) for g in range(t.num_kv_heads))
+            heads = tuple(h for h in every_head(t) if h[0] == layer)
             self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops,
                                                 self.labels)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]

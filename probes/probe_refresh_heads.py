@@ -22,6 +22,7 @@ from common import report_set_ppl, smollm2_windows
 
 from dustin_runtime.policies import make_policy
 from dustin_runtime.signals import TargetHistory
+from dustin_runtime.sparse import every_head
 
 
 def with_heads(policy, heads_by_layer: dict[int, tuple[int, ...]]):
@@ -30,9 +31,8 @@ def with_heads(policy, heads_by_layer: dict[int, tuple[int, ...]]):
 
     def allocate_subset(batch, max_len, device):
         allocate(batch, max_len, device)
-        n_rep = policy.target.cfg.n_rep
         for layer, gs in heads_by_layer.items():
-            heads = tuple((layer, g, tuple(range(g * n_rep, (g + 1) * n_rep))) for g in gs)
+            heads = tuple(h for h in every_head(policy.target.cfg) if h[0] == layer and h[1] in gs)
             policy.refresh[layer] = TargetHistory(heads, device, policy.cfg.aggregation, policy.ops)
 
     policy.allocate = allocate_subset
