@@ -33,7 +33,8 @@ def with_heads(policy, heads_by_layer: dict[int, tuple[int, ...]]):
         allocate(batch, max_len, device)
         for layer, gs in heads_by_layer.items():
             heads = tuple(h for h in every_head(policy.target.cfg) if h[0] == layer and h[1] in gs)
-            policy.refresh[layer] = TargetHistory(heads, device, policy.cfg.aggregation, policy.ops)
+            policy.refresh[layer] = TargetHistory(heads, device, policy.cfg.aggregation, policy.ops,
+                                                  getattr(policy, "labels", None))  # label keys where configured
 
     policy.allocate = allocate_subset
     return policy
