@@ -136,6 +136,8 @@ def bench_attention(
                                 "estimate (each scores every KV head of its layer, then selects; 0: none)."),
     score_channels: str = typer.Option("0", help="Key channels the estimate and refresh layers score from label "
                                                  "caches, comma-separated (0: whole keys)."),
+    refresh_kv_heads: int = typer.Option(0, min=0, max=MAX_COUNT, help="KV heads each refresh layer scores (0: every "
+                                         "one, as the runtime does; fewer: what a subset would cost)."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     _one_process("bench attention")
@@ -145,7 +147,8 @@ def bench_attention(
 
     configs = [
         ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, groups=g,
-                       group_kv_heads=group_kv_heads, refresh_layers=refresh, score_channels=r)
+                       group_kv_heads=group_kv_heads, refresh_layers=refresh, score_channels=r,
+                       refresh_kv_heads=refresh_kv_heads)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget) for g in _ints(groups, "--groups", maximum=MAX_COUNT)
         for r in _ints(score_channels, "--score-channels", minimum=0, maximum=MAX_COUNT)
@@ -176,7 +179,8 @@ def bench_attention(
                           f"{s['estimate_groups_fraction']:.2%} (cost model {s['estimate_groups_model_fraction']:.2%}; "
                           f"single set {est:.2%}, model {s['estimate_model_fraction']:.2%})")
         if s.get("refresh_fraction") is not None:
-            console.print(f"{s['refresh_layers']} refresh layers: {s['refresh_fraction']:.2%} (cost model "
+            console.print(f"{s['refresh_layers']} refresh layers of {s['refresh_kv_heads']} KV heads: "
+                          f"{s['refresh_fraction']:.2%} (cost model "
                           f"{s['refresh_model_fraction']:.2%}); estimate+select with them: "
                           f"{s['estimate_with_refresh_fraction']:.2%}")
         summaries.append(res)

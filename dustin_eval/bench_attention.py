@@ -70,6 +70,7 @@ class BenchConfig:
     groups: int = 1  # layer groups, each with its own retrieval heads and set (1: the single set only)
     group_kv_heads: int = 4  # retrieval KV heads of each group (srh_kv_heads_per_layer per layer)
     refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects
+    refresh_kv_heads: int = 0  # ... or only this many of them (0: every one; a cost measurement: the runtime scores all)
     score_channels: int = 0  # key channels the scorers read from label caches (0: whole keys)
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
@@ -350,8 +351,11 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
             note=f"{cfg.groups} layer groups x (srh_scores of {gh} KV heads, {hs} a layer, + select_indices)"))
 
     if cfg.refresh_layers:
-        q_all = [torch.randn(B, G, (H // G) * M, Dk, dtype=dt, device=dev) for _ in range(n_buf)]
-        all_heads = torch.arange(G, dtype=torch.int32, device=dev)
+        Gr = cfg.refresh_kv_heads or G  # KV heads each refresh layer scores
+        if Gr > G:
+            raise DustinError(f"--refresh-kv-heads {Gr} exceeds the {G} KV heads of {cfg.shape}")
+        q_all = [torch.randn(B, Gr, (H // G) * M, Dk, dtype=dt, device=dev) for _ in range(n_buf)]
+        all_heads = torch.arange(0, G, G // Gr, dtype=torch.int32, device=dev)[:Gr]  # spread over G
         free_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=S - cfg.sinks - cfg.window)
 
         def refresh(i):
@@ -362,8 +366,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
         records.append(record(
             "refresh_step", [lambda i=i: refresh(i) for i in range(max(3, n_est // 2))],
-            cfg.refresh_layers * (G * B * N * Dk * dt.itemsize + 2 * B * n_max * 4), copy_tbps,
-            note=f"{cfg.refresh_layers} refresh layers x (srh_scores of all {G} KV heads + select_indices)"))
+            cfg.refresh_layers * (Gr * B * N * Dk * dt.itemsize + 2 * B * n_max * 4), copy_tbps,
+            note=f"{cfg.refresh_layers} refresh layers x (srh_scores of {Gr} of {G} KV heads + select_indices)"))
 
     if cfg.sdpa:
         mem_free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
@@ -398,7 +402,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "refresh_layers": cfg.refresh_layers,
         "refresh_ms": ref["median_ms"] if ref else None,
         "refresh_fraction": ref["median_ms"] / full_all if ref else None,
-        "refresh_model_fraction": model(cfg.refresh_layers, G) if ref else None,
+        "refresh_kv_heads": (cfg.refresh_kv_heads or G) if ref else None,
+        "refresh_model_fraction": model(cfg.refresh_layers, cfg.refresh_kv_heads or G) if ref else None,
         "estimate_with_refresh_fraction": (est["median_ms"] + ref["median_ms"]) / full_all if est and ref else None,
         "select_vs_topk_speedup": topk["median_ms"] / sel["median_ms"] if sel and topk else None,
         "copy_tbps": copy_tbps,
@@ -426,6 +431,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
     groups = f"-g{cfg.groups}x{cfg.group_kv_heads}" if cfg.groups > 1 else ""
     refresh = f"-r{cfg.refresh_layers}" if cfg.refresh_layers else ""
+    if cfg.refresh_layers and cfg.refresh_kv_heads:
+        refresh += f"x{cfg.refresh_kv_heads}"
     channels = f"-c{cfg.score_channels}" if cfg.score_channels else ""
     return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}{refresh}{channels}.json"
 
