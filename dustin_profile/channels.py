@@ -13,29 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from dustin_runtime.attention import AttentionBackend, default_backend
+from dustin_profile.groundtruth import Recorder
+from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
 
 QTAIL = 256  # calibration queries per window: the prompt's last positions (decode-like, far from the sinks)
 CRITERION = "E[q_i^2] over the KV head's query heads x Var_n(k_n,i)"
-
-
-class _Capture(AttentionBackend):
-    """The default attention, keeping the queries [b, H, T, D] (after RoPE) of the final prefill chunk."""
-
-    def __init__(self, inner: AttentionBackend):
-        self.inner, self.q = inner, {}
-
-    def begin(self, ctx):
-        self.inner.begin(ctx)
-
-    def attend(self, layer, q, cache, ctx):
-        if ctx.final:
-            self.q[layer] = q
-        return self.inner.attend(layer, q, cache, ctx)
-
-    def end(self, ctx):
-        self.inner.end(ctx)
 
 
 @torch.inference_mode()
@@ -50,13 +33,13 @@ def channel_stats(model, windows: list[list[int]], context: int, prefill_chunk: 
     q2 = torch.zeros(L, G, D, dtype=torch.float64)
     kv = torch.zeros(L, G, D, dtype=torch.float64)
     crit = torch.zeros(L, G, D, dtype=torch.float64)
+    n, nq = context - 1, queries(context)  # prompt rows written; the queries of the last nq of them
     for w in windows:
-        cap = _Capture(default_backend(model.device))
+        rec = Recorder(default_backend(model.device), L, capture=list(range(n - nq, n)))
         cache = model.allocate_cache(1, context)
-        prefill(model, cache, [list(w[:context])], cap, chunk=prefill_chunk, tail=queries(context))
-        n = int(cache.lengths[0])
+        prefill(model, cache, [list(w[:context])], rec, chunk=prefill_chunk, tail=nq)
         for layer in range(L):
-            q = cap.q[layer][0].double()  # [H, queries(context), D]
+            q = rec.q_capture[layer].double()  # [H, nq, D]
             k = cache.k[layer][0, :, :n].double()  # [G, n, D]
             q2[layer] = (q ** 2).mean(1).view(G, rep, D).sum(1).cpu()
             kv[layer] = k.var(1).cpu()

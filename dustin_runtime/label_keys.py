@@ -51,8 +51,13 @@ class LabelKeys:
         n = min(N, lab.shape[2])
         lab[:, :, :n].copy_(k_cache[:, :, :n].gather(3, ch.view(1, G, 1, -1).expand(b, G, n, self.r)))
 
-    def queries(self, layer: int, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """q [B, Hs, M, D] of heads using KV heads kv [Hs] -> their channels [B, Hs, M, r]."""
+    def head_channels(self, layer: int, kv: torch.Tensor) -> torch.Tensor:
+        """The channels [Hs, r] of query heads using KV heads kv [Hs] (a scorer's, computed once)."""
+        return self.ch[layer].index_select(0, kv.long()).contiguous()
+
+    @staticmethod
+    def queries(q: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """q [B, Hs, M, D] -> the channels idx [Hs, r] (`head_channels`) of each head: [B, Hs, M, r]."""
         B, Hs, M, _ = q.shape
-        idx = self.ch[layer].index_select(0, kv.long())  # [Hs, r]
-        return q.gather(3, idx.view(1, Hs, 1, self.r).expand(B, Hs, M, self.r))
+        r = idx.shape[1]
+        return q.gather(3, idx.view(1, Hs, 1, r).expand(B, Hs, M, r))

@@ -132,6 +132,8 @@ class TargetHistory:
         self.layers = layer_heads(heads, device)
         self.first = min(self.layers) if self.layers else -1
         self.reduce, self.ops, self.labels = reduce, ops, labels
+        self.label_idx = ({layer: labels.head_channels(layer, lh.kv) for layer, lh in self.layers.items()}
+                          if labels is not None else {})  # layer -> [Hs, r] channels of its heads
 
     def inputs(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
                rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +144,7 @@ class TargetHistory:
         if self.labels is None:
             return qs, k_cache
         keys = self.labels.k[layer]
-        return self.labels.queries(layer, qs, lh.kv), keys if rows is None else keys[rows[0]: rows[1]]
+        return self.labels.queries(qs, self.label_idx[layer]), keys if rows is None else keys[rows[0]: rows[1]]
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
               out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None,

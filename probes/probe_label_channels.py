@@ -18,6 +18,10 @@ calibration windows (another split than the scored windows):
 - "+pairs": the same summed over RoPE's channel pairs (i, i + D/2), r/2 pairs kept.
 Logits are q_r . k_r / sqrt(D) (the model's scale).
 
+Written before the runtime had label keys: its "var" criterion is `dustin_profile.channels` and its
+`ChannelHistory` is what `dustin_runtime.label_keys` does in the product; it keeps its own copies for
+the criteria it compares (and so that its committed results re-run as they were made).
+
     python probes/probe_label_channels.py OUT.json [windows] [context] [eval_tokens] [split] [variants]
     (defaults: 8 4096 256 eval "var:16,var:8,abs:16,var+pairs:16")
 """

@@ -6,18 +6,10 @@ import json
 
 import pytest
 
-from dustin_profile.artifact import GroupChoice, HeadChoice, ModelInfo, Profile, load_profile
+from dustin_profile.artifact import GroupChoice, HeadChoice, load_profile
 from dustin_runtime.errors import DustinError
 
-INFO = ModelInfo("m", "c", "t", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
-
-
-def profile(**kw):
-    base = dict(tool_version="t", git_commit="g", created="c", target=INFO, draft=INFO, gamma=4, budget=512,
-                sinks=4, window=64, m=111, m_by_budget={256: 50}, draft_heads=(HeadChoice(0, 1, (2, 3)),),
-                target_heads=(HeadChoice(1, 0, (0, 1)),), arr=0.9, arr_baselines={}, calibration={},
-                online_cost={}, aggregation="max")
-    return Profile(**{**base, **kw})
+from .profile_cases import profile
 
 
 def test_to_sparse_config():

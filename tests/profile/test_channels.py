@@ -16,7 +16,7 @@ from dustin_profile.run import ProfileConfig, run_profile
 from dustin_runtime import pipeline
 from dustin_runtime.errors import DustinError
 
-from .test_artifact import profile
+from .profile_cases import profile
 
 GAMMA = 3
 

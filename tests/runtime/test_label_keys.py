@@ -9,21 +9,17 @@ import torch
 
 from dustin_runtime.errors import DustinError
 from dustin_runtime.label_keys import LabelKeys
-from dustin_runtime.loader import load_model
 from dustin_runtime.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
-from .test_policies import MAX_NEW, PROMPTS, config, noisy_copy, run, spy_verify
+from .policy_cases import MAX_NEW, PROMPTS, config, policy_pair, run, spy_verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, make_tiny_hf):
-    folder = tmp_path_factory.mktemp("labels") / "t"
-    make_tiny_hf("llama3", folder, seed=11)
-    target, _ = load_model(str(folder))
-    return target, noisy_copy(folder)
+    return policy_pair(tmp_path_factory.mktemp("labels") / "t", make_tiny_hf)
 
 
 def channels(cfg, r, seed=0):
@@ -36,7 +32,7 @@ def channels(cfg, r, seed=0):
 def test_label_keys_write_fill_and_queries():
     """Awkward sizes: 3 KV heads, r = 5 of D = 16, ragged positions, a non-contiguous cache view."""
     torch.manual_seed(0)
-    B, G, N, D, r, H = 2, 3, 37, 16, 5, 6
+    B, G, N, D, r = 2, 3, 37, 16, 5
     ch = torch.stack([torch.randperm(D)[:r] for _ in range(2 * G)]).view(2, G, r)
     lab = LabelKeys(ch, [1], B, N, D, torch.float32, "cpu")
     assert 0 not in lab and 1 in lab and lab.scale == 1 / math.sqrt(D)
@@ -53,10 +49,9 @@ def test_label_keys_write_fill_and_queries():
     assert torch.equal(lab.k[1][1], want[1])
     q = torch.randn(B, 4, 7, D)  # 4 query heads on KV heads 2, 0, 0, 1
     kv = torch.tensor([2, 0, 0, 1], dtype=torch.int32)
-    got = lab.queries(1, q, kv)
+    got = lab.queries(q, lab.head_channels(1, kv))
     for j, g in enumerate(kv.tolist()):
         assert torch.equal(got[:, j], q[:, j][..., ch[1, g]])
-    del H
 
 
 def test_every_channel_in_order_equals_whole_keys(pair):
