@@ -137,7 +137,7 @@ def bench_attention(
     score_channels: str = typer.Option("0", help="Key channels the estimate and refresh layers score from label "
                                                  "caches, comma-separated (0: whole keys)."),
     refresh_kv_heads: int = typer.Option(0, min=0, max=MAX_COUNT, help="KV heads each refresh layer scores (0: every "
-                                         "one, as the runtime does; fewer: what a subset would cost)."),
+                                         "one; fewer: a profile's --refresh-head-share)."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     _one_process("bench attention")
@@ -262,6 +262,9 @@ def bench_e2e(
                                             "the set again inside the verification pass."),
     score_channels: int = typer.Option(0, "--score-channels", min=0, max=MAX_COUNT,
                                        help="Key channels the -c policies' scorers read from label caches."),
+    refresh_kv_heads: int = typer.Option(0, "--refresh-kv-heads", min=0, max=MAX_COUNT,
+                                         help="KV heads that score each refresh layer of the -r policies (its first "
+                                              "K; 0: every KV head)."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),
     new_tokens: NewTokens = 64,
@@ -300,7 +303,7 @@ def bench_e2e(
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
                          m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab,
-                         score_channels=score_channels)
+                         score_channels=score_channels, refresh_kv_heads=refresh_kv_heads)
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
@@ -370,6 +373,9 @@ def profile(
     score_channels: int = typer.Option(0, min=0, max=MAX_COUNT, help="Key channels (of the head dim) each target "
                                        "scorer of dustin reads, from a packed label cache; chosen per layer and KV "
                                        "head on the calibration windows (0: whole keys)."),
+    refresh_head_share: float = typer.Option(1.0, help="Share of the refresh layers' KV heads that score them, "
+                                             "the rest dropped greedily by the same perplexity (fewer keys read per "
+                                             "refresh; 1: every KV head). Needs --max-refresh."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
                                              "is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
@@ -402,7 +408,7 @@ def profile(
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
                         max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh,
-                        score_channels=score_channels,
+                        score_channels=score_channels, refresh_head_share=refresh_head_share,
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):

@@ -70,7 +70,7 @@ class BenchConfig:
     groups: int = 1  # layer groups, each with its own retrieval heads and set (1: the single set only)
     group_kv_heads: int = 4  # retrieval KV heads of each group (srh_kv_heads_per_layer per layer)
     refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects
-    refresh_kv_heads: int = 0  # ... or only this many of them (0: every one; a cost measurement: the runtime scores all)
+    refresh_kv_heads: int = 0  # ... or only this many of them (0: every one; a profile's --refresh-head-share)
     score_channels: int = 0  # key channels the scorers read from label caches (0: whole keys)
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True

@@ -99,6 +99,7 @@ class E2EConfig:
     seed: int = 0
     tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
     refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
+    refresh_kv_heads: int = 0  # KV heads scoring each refresh layer (its first K; 0: every KV head)
     score_channels: int = 0  # key channels of the -c policies' scorers
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
 
@@ -132,6 +133,11 @@ class E2EConfig:
         if shape is not None and self.score_channels > shape.head_dim:
             raise DustinError(f"--score-channels {self.score_channels} exceeds the head dim {shape.head_dim} of "
                               f"{self.target}")
+        if self.refresh_kv_heads and not self.refresh_layers:
+            raise DustinError("--refresh-kv-heads applies to refresh layers: give --refresh-layers")
+        if shape is not None and not 0 <= self.refresh_kv_heads <= shape.num_kv_heads:
+            raise DustinError(f"--refresh-kv-heads {self.refresh_kv_heads} is outside [0, {shape.num_kv_heads}] "
+                              f"(the KV heads of {self.target})")
         if shape is not None and self.refresh_layers and self.refresh_layers[-1] >= shape.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {shape.num_layers} "
                               f"layers (0..{shape.num_layers - 1}, {self.target})")
@@ -300,7 +306,8 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     if sparse_draft:
         scfg = replace(scfg, draft_kv="verify-set")
     if refresh:
-        scfg = replace(scfg, refresh_layers=cfg.refresh_layers)
+        heads = (tuple(range(cfg.refresh_kv_heads)),) * len(cfg.refresh_layers) if cfg.refresh_kv_heads else ()
+        scfg = replace(scfg, refresh_layers=cfg.refresh_layers, refresh_kv_heads=heads)
     if channels:
         scfg = replace(scfg, score_channels=random_channels(pair.target.cfg, cfg.score_channels, cfg.seed))
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
@@ -355,8 +362,9 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
             target += L * el * (B * srh * kd + B // P * len(scfg.draft_heads) * d.head_dim)
-        if refresh:  # every (local) KV head's keys (or label keys) of each refresh layer
-            target += len(cfg.refresh_layers) * B * L * (t.num_kv_heads // P) * kd * el
+        if refresh:  # the (local) scoring KV heads' keys (or label keys) of each refresh layer, the busiest rank's
+            heads = min(cfg.refresh_kv_heads or t.num_kv_heads, t.num_kv_heads // P)
+            target += len(cfg.refresh_layers) * B * L * heads * kd * el
         if policy == "quest":  # min and max key per page of 16, every layer and KV head
             target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
     total = draft_step + target
@@ -463,7 +471,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
                    "target_heads": [list(h[:2]) for h in scfg.target_heads],
                    "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
-                   "refresh_layers": list(cfg.refresh_layers), "score_channels": cfg.score_channels},
+                   "refresh_layers": list(cfg.refresh_layers), "refresh_kv_heads": cfg.refresh_kv_heads,
+                   "score_channels": cfg.score_channels},
         "copy_tbps": copy,
         "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
                                        "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),

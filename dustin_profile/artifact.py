@@ -4,8 +4,9 @@ runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `table
 Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 3
 refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`); schema 5 score channels
 (`score_channels`, `channel_search`: `--score-channels`; schema 4 was the withdrawn pool's and is
-refused). Older files load unchanged (one set for every layer or no groups; no refresh layers;
-whole keys). Loading validates the schema; `check_models`
+refused); schema 6 the refresh layers' KV heads (`refresh_kv_heads`: `--refresh-head-share`).
+Older files load unchanged (one set for every layer or no groups; no refresh layers; whole keys;
+refresh layers scored by every KV head). Loading validates the schema; `check_models`
 refuses a profile made for other models."""
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
 from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
 
-SCHEMA_VERSION = 5
-READS = (1, 2, 3, 5)  # schema 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys
+SCHEMA_VERSION = 6
+READS = (1, 2, 3, 5, 6)  # 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys;
+# 5: every KV head scores a refresh layer
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Profile:
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
+    refresh_kv_heads: tuple[tuple[int, ...], ...] = ()  # per refresh layer, the KV heads scoring it (empty: every)
     score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()  # [Lt][G][r] key channels the scorers read
     channel_search: dict = field(default_factory=dict)  # how they were chosen (channels.py): criterion, windows
     schema_version: int = SCHEMA_VERSION
@@ -247,7 +250,7 @@ def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> 
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile` (schema 1, 2, 3 or 5): field types, ranges, layer groups and heads
+    """Validate and build a `Profile` (schema 1, 2, 3, 5 or 6): field types, ranges, layer groups and heads
     inside the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
@@ -256,7 +259,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
         raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads "
                           f"{', '.join(map(str, READS))})")
     kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups", "refresh_layers",
-                                          "score_channels"))
+                                          "score_channels", "refresh_kv_heads"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
@@ -270,6 +273,10 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if not isinstance(refresh, list) or not all(_is(x, int) for x in refresh):
         raise DustinError(f"{source}: field refresh_layers must be a list of layer numbers")
     kw["refresh_layers"] = tuple(refresh)
+    rheads = d.get("refresh_kv_heads", [])
+    if not isinstance(rheads, list) or not all(isinstance(h, list) and all(_is(x, int) for x in h) for h in rheads):
+        raise DustinError(f"{source}: field refresh_kv_heads must be a list of KV head lists, one per refresh layer")
+    kw["refresh_kv_heads"] = tuple(tuple(h) for h in rheads)
     kw["score_channels"] = _channels(d.get("score_channels", []), d["target"], source)
     prof = Profile(**kw)
     if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
@@ -302,6 +309,11 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers or prof.groups):
         raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
                           f"{prof.target.num_layers}) in ascending order, and only without layer groups")
+    hs = prof.refresh_kv_heads
+    if hs and (len(hs) != len(r) or any(not h or list(h) != sorted(set(h)) or h[0] < 0
+                                        or h[-1] >= prof.target.num_kv_heads for h in hs)):
+        raise DustinError(f"{source}: refresh_kv_heads {[list(h) for h in hs]} must give each of the {len(r)} refresh "
+                          f"layers one or more distinct KV heads of the target's {prof.target.num_kv_heads}, ascending")
     if not 0 <= prof.draft_group < max(1, len(prof.groups)):
         raise DustinError(f"{source}: draft_group {prof.draft_group} is not one of the profile's groups")
     sets = [(prof.draft_heads, prof.target_heads)] + [(g.draft_heads, g.target_heads) for g in prof.groups]

@@ -74,6 +74,7 @@ class ProfileConfig:
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
     score_channels: int = 0  # key channels r the target's scorers read (channels.py; 0: whole keys)
+    refresh_head_share: float = 1.0  # share of the refresh layers' KV heads kept (refresh.greedy_heads; 1: every)
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
     draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
@@ -110,6 +111,10 @@ class ProfileConfig:
             raise DustinError(f"--max-refresh must be >= 0, got {self.max_refresh}")
         if self.score_channels < 0:
             raise DustinError(f"--score-channels must be >= 0, got {self.score_channels}")
+        if not 0 < self.refresh_head_share <= 1 or not math.isfinite(self.refresh_head_share):
+            raise DustinError(f"--refresh-head-share must be in (0, 1], got {self.refresh_head_share}")
+        if self.refresh_head_share < 1 and not self.max_refresh:
+            raise DustinError("--refresh-head-share keeps some KV heads of the refresh layers: give --max-refresh too")
         if self.max_refresh and self.max_groups > 1:
             raise DustinError("--max-refresh re-selects one set: it cannot be combined with --max-groups > 1")
         if not math.isfinite(self.epsilon) or self.epsilon < 0:
@@ -472,7 +477,8 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
         return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.EVAL_TOKENS,
                              cfg.prefill_chunk)
 
-    found = rf.greedy_refresh(scorer(calib_windows), range(target.cfg.num_layers), cfg.max_refresh)
+    calib = scorer(calib_windows)
+    found = rf.greedy_refresh(calib, range(target.cfg.num_layers), cfg.max_refresh)
     total = len(calib_windows[0].tokens)
     record = {"max_refresh": cfg.max_refresh, "candidates": "every target layer", "min_gain": rf.MIN_GAIN,
               "objective": "teacher-forced perplexity ratio to full attention through dustin's set at the profile's "
@@ -481,9 +487,18 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
               "scored_tokens": rf.scored_tokens(total, cfg.gamma), "windows": len(calib_windows),
               "stop": found.stop, "ppl_ratio": found.ppl_ratio, "ppl_ratio_without": found.base_ratio,
               "rounds": found.rounds}
+    kv_heads = ()
+    if found.layers and cfg.refresh_head_share < 1:
+        heads = rf.greedy_heads(calib, found.layers, target.cfg.num_kv_heads, cfg.refresh_head_share)
+        kv_heads = heads.kv_heads
+        record["kv_heads"] = {"share": cfg.refresh_head_share, "kept": sum(map(len, kv_heads)),
+                              "of": len(found.layers) * target.cfg.num_kv_heads, "chosen": [list(h) for h in kv_heads],
+                              "ppl_ratio": heads.ppl_ratio, "ppl_ratio_every_head": heads.every_ratio,
+                              "rounds": heads.rounds}
     if held_windows:
-        record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers)}
-    return replace(prof, refresh_layers=found.layers, refresh_search=record)
+        record["heldout"] = {"windows": len(held_windows),
+                             **rf.heldout_ratios(scorer(held_windows), found.layers, kv_heads)}
+    return replace(prof, refresh_layers=found.layers, refresh_search=record, refresh_kv_heads=kv_heads)
 
 
 def _heads(cands: list[Candidate]) -> tuple[HeadChoice, ...]:

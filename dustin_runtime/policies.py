@@ -402,9 +402,12 @@ class SignalPolicy(SparsePolicy):
         one = self.groups[self.cfg.draft_group]
         self.indices, self.draft_score, self.history, self.m = one.indices, one.draft_score, one.history, one.m
         t = self.target.cfg
-        self.refresh = {}  # refresh layer -> the scorer of every KV head of that layer (this rank's under TP)
-        for layer in self.cfg.refresh_layers:
-            heads = tuple(h for h in every_head(t) if h[0] == layer)
+        self.refresh = {}  # refresh layer -> the scorer of its KV heads (every one, or the profile's; this rank's)
+        for layer, heads in self.cfg.refresh_heads(t).items():
+            if self.per_rank and any(not local_heads(heads, self.tp, t, rank=r) for r in range(self.tp.world)):
+                raise DustinError(f"per-KV-head selection: a rank holds none of refresh layer {layer}'s KV heads "
+                                  f"{sorted({h[1] for h in heads})}, so it has no signal to select with there "
+                                  "(use --tp-select shared)")
             self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops,
                                                 self.labels)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
@@ -480,7 +483,8 @@ class SignalPolicy(SparsePolicy):
         scorer = self.refresh.get(layer)
         if scorer is not None:  # the set again, from this layer's current queries: this and later layers attend it
             c = self.cfg
-            scorer.score(layer, q, cache.k[layer], ctx.start, self.current)
+            if not scorer.score(layer, q, cache.k[layer], ctx.start, self.current):
+                self.current.zero_()  # a rank without this layer's refresh heads adds nothing (TP)
             if self.tp is not None and not self.per_rank:
                 self.tp.all_reduce_(self.current, op=c.aggregation)
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
@@ -502,6 +506,8 @@ class SignalPolicy(SparsePolicy):
         out = {**super().summary(), "m": self.m}
         if self.cfg.refresh_layers:
             out["refresh_layers"] = list(self.cfg.refresh_layers)
+            if self.cfg.refresh_kv_heads:
+                out["refresh_kv_heads"] = [list(h) for h in self.cfg.refresh_kv_heads]
         if self.cfg.score_channels:
             out["score_channels"] = self.cfg.channels_r
         if len(self.groups) > 1:

@@ -48,7 +48,9 @@ class SparseConfig:
     `refresh_layers` (one set only): target layers at which the verification pass chooses the set
     again, from the current queries of every KV head of that layer (scored as the pass reaches it);
     that layer and the following ones attend the new set, the earlier ones the set chosen before
-    the pass. Each refresh reads one layer's keys.
+    the pass. Each refresh reads one layer's keys. `refresh_kv_heads` (a profile's, or empty: every KV
+    head): per refresh layer, the KV heads that score it (each with all its query heads); fewer heads
+    read fewer keys (`dustin profile --refresh-head-share`).
 
     `score_channels` [Lt][G][r] (a profile's, `dustin_profile.channels`): the target's scorers (the
     retrieval heads' history and the refresh layers) rank rows by q . k / sqrt(D) over these r of the
@@ -68,6 +70,7 @@ class SparseConfig:
     groups: tuple[LayerGroup, ...] = ()
     draft_group: int = 0
     refresh_layers: tuple[int, ...] = ()
+    refresh_kv_heads: tuple[tuple[int, ...], ...] = ()
     score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     def __post_init__(self):
@@ -88,6 +91,11 @@ class SparseConfig:
                 raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
             if self.groups:
                 raise DustinError("refresh layers re-select one set: they cannot be combined with layer groups")
+        if self.refresh_kv_heads:
+            hs = self.refresh_kv_heads
+            if len(hs) != len(self.refresh_layers) or any(not h or list(h) != sorted(set(h)) or h[0] < 0 for h in hs):
+                raise DustinError(f"refresh KV heads must list, for each of the {len(self.refresh_layers)} refresh "
+                                  f"layers, one or more distinct KV heads >= 0 in ascending order, got {list(hs)}")
         if self.score_channels:
             rs = {len(c) for layer in self.score_channels for c in layer}
             if len(rs) != 1 or min(rs) < 1 or any(len(set(c)) != len(c) or min(c) < 0
@@ -120,6 +128,12 @@ class SparseConfig:
         """Key channels each target scorer reads (0: whole keys)."""
         return len(self.score_channels[0][0]) if self.score_channels else 0
 
+    def refresh_heads(self, cfg: ModelConfig) -> dict[int, tuple[Head, ...]]:
+        """Refresh layer -> the heads (layer, kv_head, query_heads) that score it, of target `cfg`."""
+        kv = dict(zip(self.refresh_layers, self.refresh_kv_heads, strict=True)) if self.refresh_kv_heads else {}
+        return {layer: tuple(h for h in every_head(cfg) if h[0] == layer and (layer not in kv or h[1] in kv[layer]))
+                for layer in self.refresh_layers}
+
     @property
     def layer_groups(self) -> tuple[LayerGroup, ...]:
         """The groups, or the one group of every layer (the top-level m and heads)."""
@@ -147,6 +161,11 @@ class SparseConfig:
         if self.refresh_layers and self.refresh_layers[-1] >= target.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {target.num_layers} "
                               f"layers (0..{target.num_layers - 1})")
+        bad = [(layer, h) for layer, hs in zip(self.refresh_layers, self.refresh_kv_heads, strict=False) for h in hs
+               if h >= target.num_kv_heads]
+        if bad:
+            raise DustinError(f"refresh layer {bad[0][0]}: KV head {bad[0][1]} is past the target's "
+                              f"{target.num_kv_heads} KV heads")
         ch = self.score_channels
         if ch and (len(ch) != target.num_layers or any(len(layer) != target.num_kv_heads for layer in ch)
                    or max(max(c) for layer in ch for c in layer) >= target.head_dim):

@@ -41,7 +41,8 @@ def logits(tp, target: str, prompts: list[list[int]]) -> dict:
 def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "full", budget: int | None = None,
          target_heads=None, draft_heads=None, m: int = 0, temperature: float = 0.0, top_p: float = 1.0,
          gamma: int = 3, max_new: int = 10, measure_arr: bool = False, trace: bool = False, seed: int = 0,
-         eos: tuple = (), draft_kv: str = "full", groups=None, refresh_layers=(), score_channels: int = 0) -> dict:
+         eos: tuple = (), draft_kv: str = "full", groups=None, refresh_layers=(), score_channels: int = 0,
+         refresh_kv_heads=()) -> dict:
     """Speculative decoding through one policy: tokens, accepted counts, the sets chosen, ARR.
     `groups`: layer groups as dicts (start, m, target_heads, draft_heads) instead of one set;
     `score_channels` r: the scorers read r key channels per layer and KV head (a seeded table)."""
@@ -54,7 +55,8 @@ def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "f
             for g in groups))
     elif budget is not None:
         cfg = SparseConfig(budget=budget, sinks=2, window=4, m=m, target_heads=_heads(target_heads),
-                           draft_heads=_heads(draft_heads), draft_kv=draft_kv, refresh_layers=tuple(refresh_layers))
+                           draft_heads=_heads(draft_heads), draft_kv=draft_kv, refresh_layers=tuple(refresh_layers),
+                           refresh_kv_heads=tuple(tuple(h) for h in refresh_kv_heads))
         if score_channels:
             g = torch.Generator().manual_seed(7)
             c = t.cfg
