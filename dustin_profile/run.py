@@ -489,15 +489,26 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
               "rounds": found.rounds}
     kv_heads = ()
     if found.layers and cfg.refresh_head_share < 1:
-        heads = rf.greedy_heads(calib, found.layers, target.cfg.num_kv_heads, cfg.refresh_head_share)
+        def head_scorer(ws):
+            return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.HEAD_EVAL_TOKENS,
+                                 cfg.prefill_chunk, offsets="all")
+
+        heads = rf.greedy_heads(head_scorer(calib_windows), found.layers, target.cfg.num_kv_heads,
+                                cfg.refresh_head_share)
         kv_heads = heads.kv_heads
         record["kv_heads"] = {"share": cfg.refresh_head_share, "kept": sum(map(len, kv_heads)),
+                              "objective": "teacher-forced perplexity ratio to full attention at every offset of the "
+                                           "verification windows over the last scored_tokens of each calibration "
+                                           "prose window",
+                              "scored_tokens": rf.scored_tokens(total, cfg.gamma, rf.HEAD_EVAL_TOKENS),
                               "of": len(found.layers) * target.cfg.num_kv_heads, "chosen": [list(h) for h in kv_heads],
                               "ppl_ratio": heads.ppl_ratio, "ppl_ratio_every_head": heads.every_ratio,
                               "rounds": heads.rounds}
     if held_windows:
         record["heldout"] = {"windows": len(held_windows),
                              **rf.heldout_ratios(scorer(held_windows), found.layers, kv_heads)}
+        if kv_heads:  # the head search's objective on the held-out windows
+            record["kv_heads"]["heldout"] = rf.heldout_ratios(head_scorer(held_windows), found.layers, kv_heads)
     return replace(prof, refresh_layers=found.layers, refresh_search=record, refresh_kv_heads=kv_heads)
 
 

@@ -120,9 +120,10 @@ def render(prof: Profile, folder: Path | None = None) -> list:
         kh = _sub(rs, "kv_heads")
         rows.append(("refresh KV heads", ", ".join(f"L{layer}: {list(h)}" for layer, h in
                                                    zip(prof.refresh_layers, prof.refresh_kv_heads, strict=True))
-                     + f" of {prof.target.num_kv_heads}; ppl ratio {_ratio(kh, 'ppl_ratio')} vs "
+                     + f" of {prof.target.num_kv_heads}; ppl ratio (every offset) {_ratio(kh, 'ppl_ratio')} vs "
                        f"{_ratio(kh, 'ppl_ratio_every_head')} with every KV head"
-                     + (f"; held out {_ratio(held, 'dustin + refresh, chosen KV heads')}" if held else "")))
+                     + (f"; held out {_ratio(hk, 'dustin + refresh, chosen KV heads')} vs "
+                        f"{_ratio(hk, 'dustin + refresh')}" if (hk := _sub(kh, "heldout")) else "")))
     if prof.score_channels:
         cs = prof.channel_search
         kept = _num(cs, "kept_share")

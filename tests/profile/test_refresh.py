@@ -95,6 +95,7 @@ def test_round_one_is_the_best_single_layer(setup, monkeypatch):
 
 def test_scored_tokens():
     assert rf.scored_tokens(4101, 4) == 320 and rf.scored_tokens(4101, 4, 64) == 60
+    assert rf.scored_tokens(4101, 4, rf.HEAD_EVAL_TOKENS) == 1020  # the head search's, at 4k
     assert rf.scored_tokens(164, 3, 64) == 64 and rf.scored_tokens(12, 3) == 4
     with pytest.raises(DustinError):
         rf.scored_tokens(8, 3)
@@ -166,6 +167,15 @@ def test_last_offset_nll_counts_whole_windows_only():
     assert rf.last_offset_nll(r, 4) == pytest.approx((6.0 + 3.0) / (2 + 1))  # 10 tokens: 2 windows, 8: 1
 
 
+def heads_setup(cfg, prof):
+    """(target, draft, the profile's SparseConfig without refresh, its calibration prose windows)."""
+    tgt = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
+    drf = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
+    docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
+    wins = cal.cut_windows(tgt.tokenizer, docs, cfg.windows + cfg.heldout, cfg.context + cfg.gamma + 1, cfg.seed)
+    return tgt.model, drf.model, prof.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
+
+
 @pytest.fixture(scope="module")
 def made_heads(models, calib_text, tmp_path_factory):
     """The same search with --refresh-head-share 0.5 (2 KV heads a layer: one kept per refresh layer),
@@ -188,7 +198,13 @@ def test_profile_records_the_kv_heads_of_its_refresh_layers(made_heads):
     assert len(p.refresh_kv_heads) == len(p.refresh_layers) and all(len(h) == 1 for h in p.refresh_kv_heads)
     assert kh["kept"] == rf.kept_heads(0.5, len(p.refresh_layers), 2) == len(p.refresh_layers)
     assert kh["chosen"] == [list(h) for h in p.refresh_kv_heads] and kh["share"] == 0.5
-    assert kh["ppl_ratio_every_head"] == pytest.approx(every.profile.refresh_search["ppl_ratio"], rel=1e-9)
+    assert kh["ppl_ratio_every_head"] == kh["rounds"][0]["ppl_ratio"]
+    assert set(kh["heldout"]) == {"dustin", "dustin + refresh", "dustin + refresh, chosen KV heads"}
+    _, _, sparse, seqs = heads_setup(cfg, res.profile)  # the search's objective: every offset, more tokens
+    full, whole = rf.nll_scorer(*heads_setup(cfg, res.profile)[:2], sparse, seqs, GAMMA, rf.HEAD_EVAL_TOKENS,
+                                offsets="all")([None, p.refresh_layers])
+    assert kh["ppl_ratio_every_head"] == pytest.approx(math.exp(whole - full), rel=1e-9)
+    assert kh["scored_tokens"] == rf.scored_tokens(len(seqs[0]), GAMMA, rf.HEAD_EVAL_TOKENS)
     last = kh["rounds"][-1]
     assert kh["ppl_ratio"] == pytest.approx(min(c["ppl_ratio"] for c in last["candidates"]), rel=1e-12)
     assert len(kh["rounds"]) == 1 + len(p.refresh_layers)  # one removal per round
@@ -255,6 +271,11 @@ def test_head_sets_score_as_their_own_runs(setup):
     own = [rf.last_offset_nll(r, GAMMA) for r in teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA,
                                                                       hooks=runs)]
     assert got[:4] == pytest.approx(own, rel=1e-9) and got[3] == got[4]
+    res = teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA, hooks=runs[:2])
+    every = rf.nll_scorer(target, draft, sparse, seqs, GAMMA, offsets="all")([None, ((1, (0,)), 2)])
+    assert every == pytest.approx([sum(r.nll) / sum(r.tokens) for r in res], rel=1e-9)
+    with pytest.raises(DustinError, match="offsets"):
+        rf.nll_scorer(target, draft, sparse, seqs, GAMMA, offsets="first")
     assert len(set(got[1:4])) == 3  # the heads change the set
     assert rf.with_refresh(sparse, ((1, (0, 1)), 2), 2).refresh_kv_heads == ()
 
