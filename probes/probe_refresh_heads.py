@@ -16,28 +16,20 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import replace
 
 import torch
 from common import report_set_ppl, smollm2_windows
 
 from dustin_runtime.policies import make_policy
-from dustin_runtime.signals import TargetHistory
-from dustin_runtime.sparse import every_head
 
 
 def with_heads(policy, heads_by_layer: dict[int, tuple[int, ...]]):
-    """`policy` whose refresh layers score only the given KV heads (each with all its query heads)."""
-    allocate = policy.allocate
-
-    def allocate_subset(batch, max_len, device):
-        allocate(batch, max_len, device)
-        for layer, gs in heads_by_layer.items():
-            heads = tuple(h for h in every_head(policy.target.cfg) if h[0] == layer and h[1] in gs)
-            policy.refresh[layer] = TargetHistory(heads, device, policy.cfg.aggregation, policy.ops,
-                                                  getattr(policy, "labels", None))  # label keys where configured
-
-    policy.allocate = allocate_subset
-    return policy
+    """`policy` again with its refresh layers scored by the given KV heads (each with all its query
+    heads; a refresh layer not named keeps every KV head): the runtime's `refresh_kv_heads`."""
+    cfg, G = policy.cfg, policy.target.cfg.num_kv_heads
+    kv = tuple(tuple(heads_by_layer.get(layer, range(G))) for layer in cfg.refresh_layers)
+    return make_policy("dustin", replace(cfg, refresh_kv_heads=kv), target=policy.target, draft=policy.draft)
 
 
 def parse(spec: str) -> dict[int, tuple[int, ...]]:
