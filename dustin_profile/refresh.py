@@ -66,9 +66,8 @@ def nll_scorer(target, draft, cfg, sequences: list[list[int]], gamma: int, token
                prefill_chunk: int = 2048, offsets: str = "last") -> Score:
     """`score(sets)`: NLL per token at the last offset of the verification windows (module
     docstring; `offsets="all"`: at every offset) over the last `scored_tokens` of `sequences`, under
-    full attention (None) or
-    dustin's set `cfg` refreshed at each set's layers by their KV heads (`()`: no refresh), in one
-    teacher-forced run sharing the context's prefill."""
+    full attention (None) or dustin's set `cfg` refreshed at each set's layers by their KV heads
+    (`()`: no refresh), in one teacher-forced run sharing the context's prefill."""
     from dustin_runtime.policies import make_policy
     from dustin_runtime.teacher_forced import teacher_forced_nll
 

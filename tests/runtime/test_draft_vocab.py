@@ -27,7 +27,12 @@ def test_head_over_a_subset_keeps_those_logits_and_zeroes_the_rest(tiny_hf):
     a = full(toks, full.allocate_cache(2, 16), TorchAttention(), phase="prefill")
     b = sub(toks, sub.allocate_cache(2, 16), TorchAttention(), phase="prefill")
     assert b.shape == a.shape
-    assert torch.equal(b[..., sub.head_ids], a[..., sub.head_ids])
+    # the same dot products over d channels, summed in another order by a GEMM of 5 columns instead of
+    # 131: |error| <= 2 d u sum_i |h_i w_i| <= 2 d u ||h|| ||w||, with ||h|| <= sqrt(d) max|g| after RMSNorm
+    d_model = full.cfg.hidden_size
+    tol = 2 * d_model * torch.finfo(torch.float32).eps * d_model ** 0.5 * full.norm.weight.abs().max() \
+        * full.lm_head.weight.norm(dim=1).max()
+    assert (b[..., sub.head_ids] - a[..., sub.head_ids]).abs().max() <= tol
     outside = torch.ones(131, dtype=torch.bool)
     outside[sub.head_ids] = False
     assert torch.isneginf(b[..., outside]).all()
