@@ -21,7 +21,13 @@ from typing import get_args, get_origin, get_type_hints
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import DRAFT_KV, LayerGroup, SparseConfig, scale_m
+from dustin_runtime.sparse import (
+    DRAFT_KV,
+    LayerGroup,
+    SparseConfig,
+    scale_m,
+    valid_refresh_kv_heads,
+)
 
 SCHEMA_VERSION = 6
 READS = (1, 2, 3, 5, 6)  # 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys;
@@ -310,8 +316,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
         raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
                           f"{prof.target.num_layers}) in ascending order, and only without layer groups")
     hs = prof.refresh_kv_heads
-    if hs and (len(hs) != len(r) or any(not h or list(h) != sorted(set(h)) or h[0] < 0
-                                        or h[-1] >= prof.target.num_kv_heads for h in hs)):
+    if hs and not valid_refresh_kv_heads(hs, len(r), prof.target.num_kv_heads):
         raise DustinError(f"{source}: refresh_kv_heads {[list(h) for h in hs]} must give each of the {len(r)} refresh "
                           f"layers one or more distinct KV heads of the target's {prof.target.num_kv_heads}, ascending")
     if not 0 <= prof.draft_group < max(1, len(prof.groups)):

@@ -477,8 +477,7 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
         return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.EVAL_TOKENS,
                              cfg.prefill_chunk)
 
-    calib = scorer(calib_windows)
-    found = rf.greedy_refresh(calib, range(target.cfg.num_layers), cfg.max_refresh)
+    found = rf.greedy_refresh(scorer(calib_windows), range(target.cfg.num_layers), cfg.max_refresh)
     total = len(calib_windows[0].tokens)
     record = {"max_refresh": cfg.max_refresh, "candidates": "every target layer", "min_gain": rf.MIN_GAIN,
               "objective": "teacher-forced perplexity ratio to full attention through dustin's set at the profile's "

@@ -91,11 +91,10 @@ class SparseConfig:
                 raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
             if self.groups:
                 raise DustinError("refresh layers re-select one set: they cannot be combined with layer groups")
-        if self.refresh_kv_heads:
-            hs = self.refresh_kv_heads
-            if len(hs) != len(self.refresh_layers) or any(not h or list(h) != sorted(set(h)) or h[0] < 0 for h in hs):
-                raise DustinError(f"refresh KV heads must list, for each of the {len(self.refresh_layers)} refresh "
-                                  f"layers, one or more distinct KV heads >= 0 in ascending order, got {list(hs)}")
+        if self.refresh_kv_heads and not valid_refresh_kv_heads(self.refresh_kv_heads, len(self.refresh_layers)):
+            raise DustinError(f"refresh KV heads must list, for each of the {len(self.refresh_layers)} refresh "
+                              f"layers, one or more distinct KV heads >= 0 in ascending order, got "
+                              f"{list(self.refresh_kv_heads)}")
         if self.score_channels:
             rs = {len(c) for layer in self.score_channels for c in layer}
             if len(rs) != 1 or min(rs) < 1 or any(len(set(c)) != len(c) or min(c) < 0
@@ -211,6 +210,13 @@ class SparseConfig:
             budget=budget, sinks=sinks, window=window, m=free // 2 if m is None else m,
             draft_heads=every_head(draft), target_heads=every_head(target), source="all heads",
         )
+
+
+def valid_refresh_kv_heads(heads, layers: int, kv_heads: int | None = None) -> bool:
+    """Whether `heads` gives each of `layers` refresh layers a non-empty ascending list of distinct KV
+    heads >= 0 (and < kv_heads, when given)."""
+    return len(heads) == layers and all(h and list(h) == sorted(set(h)) and h[0] >= 0
+                                        and (kv_heads is None or h[-1] < kv_heads) for h in heads)
 
 
 def scale_m(m: int, free: int, new_free: int) -> int:

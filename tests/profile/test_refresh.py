@@ -37,15 +37,20 @@ def made(models, calib_text, tmp_path_factory):
     return cfg, run_profile(cfg, console=Console(file=io.StringIO()))
 
 
-@pytest.fixture(scope="module")
-def setup(made):
-    """The loaded pair, the profile's SparseConfig and the calibration prose windows of the run."""
-    cfg, res = made
+def loaded(cfg, prof):
+    """The loaded pair of a profile run, the profile's SparseConfig (no refresh) and the run's calibration
+    prose windows."""
     tgt = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
     drf = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
     docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
     wins = cal.cut_windows(tgt.tokenizer, docs, cfg.windows + cfg.heldout, cfg.context + cfg.gamma + 1, cfg.seed)
-    return tgt.model, drf.model, res.profile.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
+    return tgt.model, drf.model, prof.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
+
+
+@pytest.fixture(scope="module")
+def setup(made):
+    cfg, res = made
+    return loaded(cfg, res.profile)
 
 
 def test_profile_records_the_search(made):
@@ -167,15 +172,6 @@ def test_last_offset_nll_counts_whole_windows_only():
     assert rf.last_offset_nll(r, 4) == pytest.approx((6.0 + 3.0) / (2 + 1))  # 10 tokens: 2 windows, 8: 1
 
 
-def heads_setup(cfg, prof):
-    """(target, draft, the profile's SparseConfig without refresh, its calibration prose windows)."""
-    tgt = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
-    drf = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
-    docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
-    wins = cal.cut_windows(tgt.tokenizer, docs, cfg.windows + cfg.heldout, cfg.context + cfg.gamma + 1, cfg.seed)
-    return tgt.model, drf.model, prof.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
-
-
 @pytest.fixture(scope="module")
 def made_heads(models, calib_text, tmp_path_factory):
     """The same search with --refresh-head-share 0.5 (2 KV heads a layer: one kept per refresh layer),
@@ -200,8 +196,8 @@ def test_profile_records_the_kv_heads_of_its_refresh_layers(made_heads):
     assert kh["chosen"] == [list(h) for h in p.refresh_kv_heads] and kh["share"] == 0.5
     assert kh["ppl_ratio_every_head"] == kh["rounds"][0]["ppl_ratio"]
     assert set(kh["heldout"]) == {"dustin", "dustin + refresh", "dustin + refresh, chosen KV heads"}
-    _, _, sparse, seqs = heads_setup(cfg, res.profile)  # the search's objective: every offset, more tokens
-    full, whole = rf.nll_scorer(*heads_setup(cfg, res.profile)[:2], sparse, seqs, GAMMA, rf.HEAD_EVAL_TOKENS,
+    target, draft, sparse, seqs = loaded(cfg, res.profile)  # the search's objective: every offset, more tokens
+    full, whole = rf.nll_scorer(target, draft, sparse, seqs, GAMMA, rf.HEAD_EVAL_TOKENS,
                                 offsets="all")([None, p.refresh_layers])
     assert kh["ppl_ratio_every_head"] == pytest.approx(math.exp(whole - full), rel=1e-9)
     assert kh["scored_tokens"] == rf.scored_tokens(len(seqs[0]), GAMMA, rf.HEAD_EVAL_TOKENS)
