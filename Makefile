@@ -142,6 +142,8 @@ repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --score-channels 16 --out profiles/smollm2-draft-c16.json
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --score-channels 16 --refresh-head-share 0.5 \
 		--out profiles/smollm2-draft-c16-h50.json
+	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --window-grid 16,64,128,256,384 \
+		--out profiles/smollm2-draft-w.json
 
 # Evaluation harnesses on the embedded pair (CPU; resumable: re-running skips finished records).
 PROFILE ?= profiles/smollm2-draft.json

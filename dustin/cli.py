@@ -376,6 +376,8 @@ def profile(
     refresh_head_share: float = typer.Option(1.0, help="Share of the refresh layers' KV heads that score them, "
                                              "the rest dropped greedily by the same perplexity (fewer keys read per "
                                              "refresh; 1: every KV head). Needs --max-refresh."),
+    window_grid: str = typer.Option("", help="Recent windows (comma list) to choose among after the search, by the "
+                                            "same teacher-forced perplexity at the budget (empty: --window)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
                                              "is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
@@ -409,6 +411,7 @@ def profile(
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
                         max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh,
                         score_channels=score_channels, refresh_head_share=refresh_head_share,
+                        window_grid=tuple(_ints(window_grid, "--window-grid", minimum=0)) if window_grid else (),
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):

@@ -4,7 +4,8 @@ runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `table
 Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 3
 refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`); schema 5 score channels
 (`score_channels`, `channel_search`: `--score-channels`; schema 4 was the withdrawn pool's and is
-refused); schema 6 the refresh layers' KV heads (`refresh_kv_heads`: `--refresh-head-share`).
+refused); schema 6 the refresh layers' KV heads (`refresh_kv_heads`: `--refresh-head-share`); schema
+7 the recent window's search (`window_search`: `--window-grid`).
 Older files load unchanged (one set for every layer or no groups; no refresh layers; whole keys;
 refresh layers scored by every KV head). Loading validates the schema; `check_models`
 refuses a profile made for other models."""
@@ -29,9 +30,9 @@ from dustin_runtime.sparse import (
     valid_refresh_kv_heads,
 )
 
-SCHEMA_VERSION = 6
-READS = (1, 2, 3, 5, 6)  # 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys;
-# 5: every KV head scores a refresh layer
+SCHEMA_VERSION = 7
+READS = (1, 2, 3, 5, 6, 7)  # 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys;
+# 5: every KV head scores a refresh layer; 6: the window was given, not searched
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class Profile:
     m_by_budget: dict[int, int]  # best m at other budgets (the runtime scales m for unlisted ones)
     draft_heads: tuple[HeadChoice, ...]
     target_heads: tuple[HeadChoice, ...]
-    arr: float  # ARR of this profile on the calibration windows
+    arr: float  # ARR of this profile on the calibration windows (at window_search["search_window"] if searched)
     arr_baselines: dict[str, float]  # streamingllm, draft-only, target-only, quest, oracle, ...
     calibration: dict  # description, files, windows, context, seed, sha256
     online_cost: dict  # key bytes read per step by the estimator, as a share of the full cache
@@ -107,6 +108,7 @@ class Profile:
     refresh_kv_heads: tuple[tuple[int, ...], ...] = ()  # per refresh layer, the KV heads scoring it (empty: every)
     score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()  # [Lt][G][r] key channels the scorers read
     channel_search: dict = field(default_factory=dict)  # how they were chosen (channels.py): criterion, windows
+    window_search: dict = field(default_factory=dict)  # how `window` was chosen (window.py; empty: given)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -256,7 +258,7 @@ def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> 
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile` (schema 1, 2, 3, 5 or 6): field types, ranges, layer groups and heads
+    """Validate and build a `Profile` (schema 1, 2, 3, 5, 6 or 7): field types, ranges, layer groups and heads
     inside the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")

@@ -124,6 +124,13 @@ def render(prof: Profile, folder: Path | None = None) -> list:
                        f"{_ratio(kh, 'ppl_ratio_every_head')} with every KV head"
                      + (f"; held out {_ratio(hk, 'dustin + refresh, chosen KV heads')} vs "
                         f"{_ratio(hk, 'dustin + refresh')}" if (hk := _sub(kh, "heldout")) else "")))
+    ws = prof.window_search
+    if ws:
+        ratios, held = _sub(ws, "ppl_ratio"), _sub(_sub(ws, "heldout"), "ppl_ratio")
+        rows.append(("recent window search", f"chose {ws.get('chosen')} of {ws.get('grid')} (Algorithm 1 and ARR "
+                                             f"at {ws.get('search_window')}); ppl ratio to full (every offset) "
+                     + ", ".join(f"{w}: {_ratio(ratios, w)}" for w in ratios)
+                     + ("; held out " + ", ".join(f"{w}: {_ratio(held, w)}" for w in held) if held else "")))
     if prof.score_channels:
         cs = prof.channel_search
         kept = _num(cs, "kept_share")

@@ -56,7 +56,7 @@ def setup(made):
 def test_profile_records_the_search(made):
     cfg, res = made
     p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 6 and p.score_channels == () and p.refresh_kv_heads == ()
+    assert p.schema_version == SCHEMA_VERSION == 7 and p.score_channels == () and p.refresh_kv_heads == ()
     s = p.refresh_search
     assert len(p.refresh_layers) <= cfg.max_refresh and all(0 <= x < 3 for x in p.refresh_layers)
     assert list(p.refresh_layers) == sorted(set(p.refresh_layers))
@@ -187,7 +187,7 @@ def made_heads(models, calib_text, tmp_path_factory):
 def test_profile_records_the_kv_heads_of_its_refresh_layers(made_heads):
     cfg, res, every = made_heads
     p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 6
+    assert p.schema_version == SCHEMA_VERSION == 7
     assert p.refresh_layers == every.profile.refresh_layers and len(p.refresh_layers) == 2  # the same search first
     assert every.profile.refresh_kv_heads == () and "kv_heads" not in every.profile.refresh_search
     kh = p.refresh_search["kv_heads"]
