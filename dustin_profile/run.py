@@ -448,12 +448,17 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         with console.status(f"score channels ({cfg.score_channels} of {tgt.model.cfg.head_dim})"):
             prof = _choose_channels(prof, cfg, tgt.model, windows[:n])
         prof.calibration["run"]["seconds"]["channels"] = round(time.perf_counter() - t_ch, 2)
-    if cfg.max_refresh:
+    skipped = {"skipped": "Algorithm 1 chose no retrieval head: dustin has no set to score"}
+    if cfg.max_refresh and not prof.has_heads:
+        prof = replace(prof, refresh_search=skipped)
+    elif cfg.max_refresh:
         t_refresh = time.perf_counter()
         with console.status(f"refresh layers (up to {cfg.max_refresh})"):
             prof = _search_refresh(prof, cfg, tgt.model, drf.model, windows[:n], held_windows)
         prof.calibration["run"]["seconds"]["refresh"] = round(time.perf_counter() - t_refresh, 2)
-    if cfg.window_grid:
+    if cfg.window_grid and not prof.has_heads:
+        prof = replace(prof, window_search=skipped)
+    elif cfg.window_grid:
         t_window = time.perf_counter()
         with console.status(f"recent window (of {', '.join(map(str, cfg.window_grid))})"):
             prof = _search_window(prof, cfg, tgt.model, drf.model, windows[:n], held_windows,

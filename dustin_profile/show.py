@@ -109,7 +109,9 @@ def render(prof: Profile, folder: Path | None = None) -> list:
         ("calibration sha256", str(cal.get("sha256", ""))[:16]),
     ]
     rs = prof.refresh_search
-    if rs:
+    if rs.get("skipped"):
+        rows.append(("refresh layers", f"not searched: {rs['skipped']}"))
+    elif rs:
         held = _sub(rs, "heldout")
         rows.append(("refresh layers", f"{list(prof.refresh_layers)} (up to {rs.get('max_refresh')}, stop: "
                                        f"{rs.get('stop')}); ppl ratio to full {_ratio(rs, 'ppl_ratio')} vs "
@@ -125,7 +127,9 @@ def render(prof: Profile, folder: Path | None = None) -> list:
                      + (f"; held out {_ratio(hk, 'dustin + refresh, chosen KV heads')} vs "
                         f"{_ratio(hk, 'dustin + refresh')}" if (hk := _sub(kh, "heldout")) else "")))
     ws = prof.window_search
-    if ws:
+    if ws.get("skipped"):
+        rows.append(("recent window search", f"not searched: {ws['skipped']}"))
+    elif ws:
         ratios, held = _sub(ws, "ppl_ratio"), _sub(_sub(ws, "heldout"), "ppl_ratio")
         rows.append(("recent window search", f"chose {ws.get('chosen')} of {ws.get('grid')} (Algorithm 1 and ARR "
                                              f"at {ws.get('search_window')}); ppl ratio to full (every offset) "

@@ -1,6 +1,6 @@
 """The recent window (`--window-grid W1,W2,...`): after Algorithm 1 and the refresh search, the number
 of most recent rows always in the set is chosen among the grid by teacher-forced perplexity through
-dustin's set (the refresh layers', heads' objective: every offset of the verification windows over
+dustin's set (the refresh head search's objective: every offset of the verification windows over
 the last `refresh.HEAD_EVAL_TOKENS` of each calibration window), the budget fixed. Each candidate
 keeps the profile's heads and refresh layers; its m is Algorithm 1's best m at that window
 (`search.budget_sweep`). Measured (H200, SmolLM2 pair, S = 512, refresh layers 5 and 17, 16 calibration

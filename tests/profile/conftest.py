@@ -1,5 +1,6 @@
 """Fixtures of the profiler tests: a tiny target/draft pair with the Llama-3 tokenizer, a
-calibration text, and synthetic calibration statistics with their candidate heads."""
+calibration text, a profiling run's loaded pair and windows, and synthetic calibration statistics
+with their candidate heads."""
 
 import random
 import shutil
@@ -7,8 +8,10 @@ import shutil
 import pytest
 import torch
 
+from dustin_profile import calibration as cal
 from dustin_profile.calib_arr import CalibStats
 from dustin_profile.candidates import Candidate
+from dustin_runtime import pipeline
 
 WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship "
          "door answer across never little stone between under light voice long").split()
@@ -40,6 +43,21 @@ def calib_text(tmp_path_factory):
     path = tmp_path_factory.mktemp("calib") / "book.txt"
     path.write_text("\n".join(lines))
     return path
+
+
+def _loaded(cfg, prof):
+    tgt = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
+    drf = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
+    docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
+    wins = cal.cut_windows(tgt.tokenizer, docs, cfg.windows + cfg.heldout, cfg.context + cfg.gamma + 1, cfg.seed)
+    return tgt.model, drf.model, prof.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """loaded(cfg, profile) -> (target, draft, the profile's SparseConfig without refresh, the run's
+    calibration prose windows as token lists): the pair and data of a profiling run (fp32, CPU)."""
+    return _loaded
 
 
 def _random_stats(P=6, N=300, cd=3, ct=5, seed=0, lengths=None, ties=False) -> CalibStats:

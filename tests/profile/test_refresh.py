@@ -11,7 +11,6 @@ import torch
 from rich.console import Console
 
 from dustin_eval.plan import plan_runs, plan_sparse
-from dustin_profile import calibration as cal
 from dustin_profile import refresh as rf
 from dustin_profile.artifact import SCHEMA_VERSION, load_profile
 from dustin_profile.run import ProfileConfig, run_profile
@@ -37,18 +36,8 @@ def made(models, calib_text, tmp_path_factory):
     return cfg, run_profile(cfg, console=Console(file=io.StringIO()))
 
 
-def loaded(cfg, prof):
-    """The loaded pair of a profile run, the profile's SparseConfig (no refresh) and the run's calibration
-    prose windows."""
-    tgt = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
-    drf = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
-    docs = cal.read_documents(cfg.calib_paths, cfg.text_field)
-    wins = cal.cut_windows(tgt.tokenizer, docs, cfg.windows + cfg.heldout, cfg.context + cfg.gamma + 1, cfg.seed)
-    return tgt.model, drf.model, prof.to_sparse_config(), [list(w.tokens) for w in wins[: cfg.windows]]
-
-
 @pytest.fixture(scope="module")
-def setup(made):
+def setup(made, loaded):
     cfg, res = made
     return loaded(cfg, res.profile)
 
@@ -184,7 +173,7 @@ def made_heads(models, calib_text, tmp_path_factory):
         return cfg, run_profile(cfg, console=Console(file=io.StringIO())), every
 
 
-def test_profile_records_the_kv_heads_of_its_refresh_layers(made_heads):
+def test_profile_records_the_kv_heads_of_its_refresh_layers(made_heads, loaded):
     cfg, res, every = made_heads
     p = res.profile
     assert p.schema_version == SCHEMA_VERSION == 7

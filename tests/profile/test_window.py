@@ -17,7 +17,6 @@ from dustin_profile.show import render
 from dustin_profile.window import check_grid, choose_window
 from dustin_runtime.errors import DustinError
 from dustin_runtime.sparse import SparseConfig
-from tests.profile.test_refresh import loaded
 
 GAMMA = 3
 GRID = (4, 12, 30)
@@ -79,7 +78,7 @@ def test_profile_records_the_window_search(made, tmp_path):
     assert "recent window search" in out.getvalue() and f"chose {p.window}" in out.getvalue()
 
 
-def test_recorded_ratios_are_the_chosen_configs_own_runs(made):
+def test_recorded_ratios_are_the_chosen_configs_own_runs(made, loaded):
     """Each candidate scored in the shared run equals a teacher-forced run of its own config."""
     cfg, res = made
     p, s = res.profile, res.profile.window_search
@@ -100,6 +99,15 @@ def test_without_a_grid_the_window_is_given(models, calib_text, tmp_path):
                         sinks=4, window=12, budgets=(48,), max_heads=2, epsilon=0.0, m_points=3)
     p = run_profile(cfg, console=Console(file=io.StringIO())).profile
     assert p.window == 12 and p.window_search == {}
+    # no retrieval head (nothing gains ARR by 1): no dustin set to score, so neither search runs; both say why
+    cfg = replace(cfg, epsilon=1.0, max_refresh=1, window_grid=GRID, out=str(tmp_path / "none.json"))
+    p = run_profile(cfg, console=Console(file=io.StringIO())).profile
+    assert not p.has_heads and p.window == 12 and p.refresh_layers == ()
+    assert "no retrieval head" in p.window_search["skipped"] and "no retrieval head" in p.refresh_search["skipped"]
+    assert load_profile(tmp_path / "none.json") == p
+    out = io.StringIO()
+    Console(file=out, width=300).print(*render(p))
+    assert out.getvalue().count("not searched: Algorithm 1 chose no retrieval head") == 2
 
 
 def test_schema_6_profiles_load_with_the_given_window(made, tmp_path):
