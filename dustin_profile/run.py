@@ -539,15 +539,11 @@ def _search_window(prof: Profile, cfg: ProfileConfig, target, draft, calib_windo
     from dustin_profile import refresh as rf
     from dustin_profile.window import choose_window
 
-    def at(w: int) -> Profile:
-        sweep = sweep_at(w)
-        return replace(prof, window=w, m=sweep[cfg.budget][1], m_by_budget={b: mb for b, (_, mb) in sweep.items()})
-
-    variants = {w: at(w) for w in sorted({*cfg.window_grid, prof.window})}
-    refresh = (tuple(zip(prof.refresh_layers, prof.refresh_kv_heads, strict=True)) if prof.refresh_kv_heads
-               else prof.refresh_layers)
-    kv = target.cfg.num_kv_heads
-    configs = {w: rf.with_refresh(p.to_sparse_config(), refresh, kv) for w, p in variants.items()}
+    sweeps = {w: sweep_at(w) for w in sorted({*cfg.window_grid, prof.window})}  # {window: {budget: (ARR, m)}}
+    variants = {w: replace(prof, window=w, m=sw[cfg.budget][1], m_by_budget={b: mb for b, (_, mb) in sw.items()})
+                for w, sw in sweeps.items()}
+    configs = {w: replace(p.to_sparse_config(), refresh_layers=p.refresh_layers, refresh_kv_heads=p.refresh_kv_heads)
+               for w, p in variants.items()}
 
     def scorer(ws):
         return rf.config_scorer(target, draft, [list(w.tokens) for w in ws], cfg.gamma, rf.HEAD_EVAL_TOKENS,
@@ -562,7 +558,7 @@ def _search_window(prof: Profile, cfg: ProfileConfig, target, draft, calib_windo
               "scored_tokens": rf.scored_tokens(len(calib_windows[0].tokens), cfg.gamma, rf.HEAD_EVAL_TOKENS),
               "windows": len(calib_windows), "ppl_ratio": {str(w): r for w, r in found.ratios.items()},
               "m": {str(w): p.m for w, p in variants.items()},
-              "arr": {str(w): sweep_at(w)[cfg.budget][0] for w in variants}}
+              "arr": {str(w): sw[cfg.budget][0] for w, sw in sweeps.items()}}
     if held_windows:
         pair = sorted({prof.window, found.window})
         held = choose_window(scorer(held_windows), {w: configs[w] for w in pair})
