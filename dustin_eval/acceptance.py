@@ -15,7 +15,10 @@ the target's own token, per live sequence and step), its retention tau / tau(ful
 retention (on the policy's own steps, against what full verification accepts on the same context
 and drafts: free-running tau also moves with each policy's trajectory, the paired one does not),
 ARR (the mean share of the true verification attention the set captured), and `prefix`: the mean
-share of each sequence's tokens, from the start, identical to full verification's.
+share of each sequence's tokens, from the start, identical to full verification's. Runs with sparse
+drafting (`draft_kv="verify-set"`) also report the paired drafting retention: on the same steps,
+the tokens per step full verification gives the set's drafts over those it gives the drafts of the
+draft's whole cache (each step drafted both ways, `SpecHooks.shadow_backend`).
 
 Refresh layers (`SparseConfig.refresh_layers`, `--refresh-layers`) apply to the dustin runs only
 (the other policies run on the same config without them); dustin's records carry them."""
@@ -166,7 +169,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                         **_per_sequence(s.accepted),
                         "arr": s.extra.get("arr"), "arr_per_sequence": s.extra.get("arr_per_sequence"),
                         "full_tau": s.extra.get("full_tau"), "paired_retention": s.extra.get("paired_retention"),
-                        "agree": s.extra.get("agree"),
+                        "agree": s.extra.get("agree"), "draft_retention": s.extra.get("draft_retention"),
                         "decode_s": s.decode_seconds, "seconds": s.seconds, "extra": s.extra, "tokens": res.tokens,
                     }
                     if scfg is not None and scfg.refresh_layers:
@@ -208,6 +211,9 @@ def intervals(r: dict, full: dict) -> dict:
     if extra.get("paired_policy_per_sequence"):
         _, lo, hi = bootstrap(ratio_of_sums, extra["paired_policy_per_sequence"], extra["paired_full_per_sequence"])
         out["paired_retention_ci"] = [lo, hi]
+    if extra.get("paired_shadow_per_sequence"):
+        _, lo, hi = bootstrap(ratio_of_sums, extra["paired_full_per_sequence"], extra["paired_shadow_per_sequence"])
+        out["draft_retention_ci"] = [lo, hi]
     if extra.get("arr_steps_per_sequence"):
         _, lo, hi = bootstrap(lambda a, n: (a * n).sum() / n.sum(), extra["arr_per_sequence"],
                               extra["arr_steps_per_sequence"])
@@ -216,7 +222,8 @@ def intervals(r: dict, full: dict) -> dict:
 
 
 COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "retention", "retention_ci", "paired_retention",
-           "paired_retention_ci", "agree", "arr", "arr_ci", "prefix", "full_tau", "steps")
+           "paired_retention_ci", "agree", "draft_retention", "draft_retention_ci", "arr", "arr_ci", "prefix",
+           "full_tau", "steps")
 
 
 def table_rows(records: Sequence[dict]) -> list[dict]:
@@ -248,6 +255,9 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
                            ("paired retention [95% interval] (agree)", lambda r: None if r["paired_retention"] is None
                             else f"{r['paired_retention']:.1%}{_ci(r.get('paired_retention_ci'), '.1%')} "
                                  f"({r['agree']:.0%})"),
+                           ("paired drafting retention, set drafts / full-KV drafts [95% interval]",
+                            lambda r: None if r.get("draft_retention") is None
+                            else f"{r['draft_retention']:.1%}{_ci(r.get('draft_retention_ci'), '.1%')}"),
                            ("ARR [95% interval]", lambda r: None if r["arr"] is None
                             else f"{r['arr']:.3f}{_ci(r.get('arr_ci'), '.3f')}")):
             grid = []
@@ -264,6 +274,9 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
             "follows its own greedy trajectory); retention = tau / tau(full). Paired retention = on the "
             "policy's own steps, its tokens per step / those full verification gives on the same context and "
             "drafts (a side full pass); agree = share of steps where both accept the same count. "
+            "Paired drafting retention (sparse drafting runs) = on the same steps, tokens per step full "
+            "verification gives the drafts made over the set / those it gives the drafts made over the "
+            "draft's whole cache (each step drafted both ways). "
             "ARR = mean share of each verification query's true attention on the context that the set keeps "
             "(new tokens left out). prefix = mean share of each sequence's tokens identical to full "
             "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences).")

@@ -8,7 +8,9 @@ queries. It serves
   and verification queries; for one shared set, by linearity, sum_{i in I} A[i]; for per-layer,
   per-KV-head sets (Quest) layer by layer;
 - the oracle's ranking (A itself);
-- paired acceptance: what full verification accepts on the same context and drafts.
+- paired acceptance: what full verification accepts on the same context and drafts;
+- paired drafting (sparse drafting only): a second side pass, of full verification over the drafts a
+  full-KV draft makes of the same context in the same step (`SpecHooks.shadow_backend`).
 The side pass writes the new tokens' K/V rows; the sparse pass rewrites them."""
 
 from __future__ import annotations
@@ -113,37 +115,60 @@ class ArrMeter:
 class PairedAcceptance:
     """What full verification would accept on the same contexts and drafts, step by step (greedy
     matching against the target's argmax over the full cache), next to what the policy accepted:
-    free-running acceptance follows each policy's own trajectory, this pairs them."""
+    free-running acceptance follows each policy's own trajectory, this pairs them. With a shadow
+    drafting (`measure_shadow`), also what full verification accepts of the shadow's drafts of the
+    same context: the policy's draft mode against the other on the same steps."""
 
     def __init__(self, batch: int, device: torch.device | str):
         self.full = torch.zeros(batch, dtype=torch.long, device=device)  # this step's n under full verification
+        self.shadow = torch.zeros(batch, dtype=torch.long, device=device)  # ... of the shadow's drafts
         self.sum_full = torch.zeros(batch, dtype=torch.float64, device=device)
         self.sum_policy = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.sum_shadow = torch.zeros(batch, dtype=torch.float64, device=device)
         self.same = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.shadowed = False
 
     def reset(self) -> None:
-        for t in (self.full, self.sum_full, self.sum_policy, self.same, self.count):
+        for t in (self.full, self.shadow, self.sum_full, self.sum_policy, self.sum_shadow, self.same, self.count):
             t.zero_()
+        self.shadowed = False
+
+    @staticmethod
+    def _accepted(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        t = logits.argmax(-1)  # [B, gamma + 1]
+        return (t[:, :-1] == tokens[:, 1:]).long().cumprod(1).sum(1)
 
     def measure(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """logits [B, gamma + 1, V] of a full pass over tokens [B, gamma + 1] (cur, d_1..d_gamma)."""
-        t = logits.argmax(-1)  # [B, gamma + 1]
-        self.full.copy_((t[:, :-1] == tokens[:, 1:]).long().cumprod(1).sum(1))
+        self.full.copy_(self._accepted(logits, tokens))
+
+    def measure_shadow(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The same for the shadow drafting's tokens [B, gamma + 1] (cur, e_1..e_gamma) of this step."""
+        self.shadow.copy_(self._accepted(logits, tokens))
+        self.shadowed = True
 
     def commit(self, accepted: torch.Tensor, live: torch.Tensor) -> None:
         """accepted [B]: drafts the policy accepted this step; live [B] bool."""
         w = live.double()
         self.sum_full += (self.full + 1) * w
         self.sum_policy += (accepted + 1) * w
+        self.sum_shadow += (self.shadow + 1) * w
         self.same += (accepted == self.full).double() * w
         self.count += w
 
     def summary(self) -> dict:
         """full_tau (tokens per step full verification would give on the same drafts),
         paired_retention (policy tau / full_tau on those steps), agree (share of steps with the same
-        accepted count)."""
+        accepted count); with a shadow drafting, shadow_tau (tokens per step full verification gives
+        the shadow's drafts) and draft_retention = full_tau / shadow_tau (the policy's drafts against
+        the shadow's, both under full verification, on the same steps)."""
         f, p, s, c = (x.sum().item() for x in (self.sum_full, self.sum_policy, self.same, self.count))
-        return {"full_tau": f / max(c, 1), "paired_retention": p / f if f else 0.0, "agree": s / max(c, 1),
-                "paired_policy" + PER_SEQUENCE: self.sum_policy.cpu().tolist(),
-                "paired_full" + PER_SEQUENCE: self.sum_full.cpu().tolist()}
+        out = {"full_tau": f / max(c, 1), "paired_retention": p / f if f else 0.0, "agree": s / max(c, 1),
+               "paired_policy" + PER_SEQUENCE: self.sum_policy.cpu().tolist(),
+               "paired_full" + PER_SEQUENCE: self.sum_full.cpu().tolist()}
+        if self.shadowed:
+            sh = self.sum_shadow.sum().item()
+            out.update(shadow_tau=sh / max(c, 1), draft_retention=f / sh if sh else 0.0,
+                       **{"paired_shadow" + PER_SEQUENCE: self.sum_shadow.cpu().tolist()})
+        return out

@@ -202,6 +202,7 @@ class SparsePolicy(SpecHooks):
         self.draft_set: DraftSet | None = None
         self.layer_sets = not self.shared_set  # the layers attend different sets
         self.drafting: _DraftBackend | None = None  # the draft backend, once built
+        self.shadow_tokens: torch.Tensor | None = None  # this step's shadow drafts (paired drafting)
         self.tp = target.tp
         self.per_rank = self.tp is not None and self.tp.selection == "per-kv-head"
         if cfg.draft_kv == "verify-set" and (not self.shared_set or self.per_rank):
@@ -237,6 +238,7 @@ class SparsePolicy(SpecHooks):
         """Buffers of a subclass (built once; reused by every call of a cached policy)."""
 
     def reset(self) -> None:
+        self.shadow_tokens = None
         if self.meter is not None:
             self.meter.reset()
         if self.pairs is not None:
@@ -264,7 +266,18 @@ class SparsePolicy(SpecHooks):
     def drafted(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens
 
+    def shadow_backend(self, default: AttentionBackend) -> AttentionBackend | None:
+        """Paired drafting: with `paired` and sparse drafting, each step is also drafted over the
+        draft's whole cache (the plain backend), and full verification of those drafts is measured."""
+        return default if self.paired and self.draft_set is not None and self.tp is None else None
+
+    def shadow_drafted(self, tokens: torch.Tensor) -> None:
+        self.shadow_tokens = tokens
+
     def before_verify(self) -> None:
+        if self.pairs is not None and self.shadow_tokens is not None:  # first: the true pass below is the one kept
+            logits = self.target(self.shadow_tokens, self.tcache, self.true, phase="verify", logits="all")
+            self.pairs.measure_shadow(logits[..., : self.vocab], self.shadow_tokens)
         if self.true is not None:  # full verification on the side (its K/V rows are rewritten by the sparse pass)
             logits = self.target(self.tokens, self.tcache, self.true, phase="verify",
                                  logits="all" if self.pairs is not None else "none")

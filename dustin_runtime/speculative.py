@@ -99,6 +99,16 @@ class SpecHooks:
     def after_verify(self, accepted: torch.Tensor, advance: torch.Tensor) -> None:
         """Called after acceptance with n [B] and the committed advance [B] (0 for finished ones)."""
 
+    def shadow_backend(self, default: AttentionBackend) -> AttentionBackend | None:
+        """A second draft backend whose drafts of each step the policy wants to see beside the real
+        ones (paired drafting: the same context drafted another way), or None (the default). The loop
+        drafts with it first (greedy, its cache rows rewritten by the real drafting after it) and hands
+        the tokens to `shadow_drafted`."""
+        return None
+
+    def shadow_drafted(self, tokens: torch.Tensor) -> None:
+        """The shadow drafting's verification tokens [B, gamma + 1] (cur, e_1..e_gamma) of this step."""
+
     def summary(self) -> dict:
         """Policy-specific statistics added to the run's stats."""
         return {}
@@ -248,6 +258,10 @@ class _SpecLoop:
         hooks.setup(tcache, dcache, gamma)  # first: the backends a policy wraps depend on its setup
         base = default_backend(device)
         self.t_backend, self.d_backend = hooks.target_backend(base), hooks.draft_backend(base)
+        self.shadow = hooks.shadow_backend(base)
+        if self.shadow is not None and (not sampling.greedy or self.tp is not None):
+            raise DustinError("paired drafting (a shadow draft beside the real one) needs greedy decoding in one "
+                              "process")
         self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new)
         self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
         self.prev = torch.zeros(B, dtype=torch.long, device=device)  # [B] the token before it (cur at length 0)
@@ -268,14 +282,26 @@ class _SpecLoop:
 
     def draft_phase(self) -> None:
         """gamma draft forwards, the first over [prev, cur] from length L - 1 (module docstring), with
-        the token choice of each; the draft's cache ends at L + gamma (d_gamma is never fed)."""
+        the token choice of each; the draft's cache ends at L + gamma (d_gamma is never fed). A shadow
+        drafting (`SpecHooks.shadow_backend`) runs first over the same rows, which the real one rewrites."""
+        if self.shadow is not None:
+            e, _ = self._draft(self.shadow)
+            self.hooks.shadow_drafted(torch.cat([self.cur.view(-1, 1), e], dim=1))
         self.hooks.before_draft()
+        d, qs = self._draft(self.d_backend)
+        self.step.update(d=d, vt=torch.cat([self.cur.view(-1, 1), d], dim=1),  # [B, gamma + 1]
+                         q=torch.stack(qs, dim=1) if qs else None)
+        self.hooks.drafted(self.step["vt"])
+
+    def _draft(self, backend: AttentionBackend) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The gamma forwards through `backend`: drafts [B, gamma] and, when sampling, their
+        distributions (one [b, V] per draft)."""
         L = self.tcache.lengths[self.rows]  # [b] committed rows (cur sits at L)
         self.dcache.set_lengths((L - 1).clamp_min(0))  # at L = 0 (a one-token prompt): [cur, cur] from 0
         tok = torch.stack([self.prev[self.rows], self.cur[self.rows]], dim=1)  # [b, 2]
         drafted, qs = [], []
         for i in range(self.gamma):
-            logits = self.draft(tok, self.dcache, self.d_backend, phase="draft", logits="last")[..., : self.V]
+            logits = self.draft(tok, self.dcache, backend, phase="draft", logits="last")[..., : self.V]
             logits = self.book.mask_early_stops(logits, offset=i, rows=self.drows)[:, -1]
             if i == 0:
                 self.dcache.set_lengths(L + 1)
@@ -292,9 +318,7 @@ class _SpecLoop:
         d = torch.stack(drafted, dim=1)  # [B, gamma] (under TP: this rank's rows, then all of them)
         if self.tp is not None:
             d = self.tp.gather_rows(d)
-        self.step.update(d=d, vt=torch.cat([self.cur.view(-1, 1), d], dim=1),  # [B, gamma + 1]
-                         q=torch.stack(qs, dim=1) if qs else None)
-        self.hooks.drafted(self.step["vt"])
+        return d, qs
 
     def verify_phase(self) -> None:
         logits = self.target(self.step["vt"], self.tcache, self.t_backend, phase="verify", local_vocab=True)

@@ -9,7 +9,8 @@
 # layer-group profiles), ONLY (space-separated step names, e.g. ONLY="pg19-refresh acceptance-refresh";
 # default: every step). Steps: pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set
 # pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 (the profile's refresh layers
-# at S = 768 and 1024).
+# at S = 768 and 1024) acceptance-draft-paired (sparse drafting against full-KV drafting on the same steps:
+# every eval book, 24 windows, into $ACP; not part of the default run).
 set -u
 PY=${PY:-python3}
 TARGET=${TARGET:-smollm2}
@@ -23,7 +24,8 @@ REFRESH=${REFRESH:-}  # empty: the profile's refresh layers
 refresh=${REFRESH:+--refresh-layers $REFRESH}
 PGO=${PGO:-results/pg19-16x1024}  # output folders (overridable: a device run writes under $OUT)
 ACO=${ACO:-results/acceptance-8x256}
-STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768"
+ACP=${ACP:-results/acceptance-24x256}
+STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -31,6 +33,7 @@ common="--target $TARGET --draft $DRAFT --dtype $DTYPE --device cuda"
 status=0
 run() { echo "+ $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 want() { [ -z "$ONLY" ] || case " $ONLY " in *" $1 "*) true;; *) false;; esac; }
+want_only() { case " $ONLY " in *" $1 "*) true;; *) false;; esac; }  # steps run only when named
 step() { local name=$1; shift; if want "$name"; then echo "== $name"; run "$@"; fi; }
 for ctx in 4096 7168; do  # 7168 + 1024 = the models' 8192 positions
   step pg19 $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 --windows 16 \
@@ -66,4 +69,10 @@ done
 step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
   --windows 8 --max-new-tokens 256 --budgets 768 --policies full,dustin $refresh --profile $P1 \
   --out-dir $ACO --name smollm2-draft-refresh-768
+if want_only acceptance-draft-paired; then  # each step drafted twice (set and whole cache), both verified in full
+  echo "== acceptance-draft-paired"
+  run $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 24 \
+    --max-new-tokens 256 --budgets 512 --policies dustin --draft-kv verify-set --profile $P1 $refresh \
+    --out-dir $ACP --name smollm2-draft-verify-set
+fi
 exit $status

@@ -96,3 +96,20 @@ def test_acceptance_refresh_layers_apply_to_dustin_alone(setup):
         assert alone.tokens == by[policy]["tokens"], policy
     _, m = write_acceptance(recs, root / "refresh", "r", provenance(), cfg, configs)
     assert "at target layers 1 (refresh layers)" in m.read_text()
+
+
+def test_acceptance_with_sparse_drafting_reports_paired_drafting(setup):
+    tgt, drf, books, root = setup
+    cfg = AcceptanceConfig(contexts=(130,), windows=2, max_new_tokens=7, gamma=3, budgets=(24, 512),
+                           policies=("full", "dustin", "quest"), books_dir=str(books), measure_arr=False)
+    configs = {b: replace(SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, b, sinks=2, window=6),
+                          draft_kv="verify-set") for b in cfg.budgets}
+    recs = run_acceptance(tgt, drf, configs, cfg, root / "vs" / "v.runs.jsonl")
+    by = {(r["policy"], r["budget"]): r for r in recs}
+    assert by[("dustin", 512)]["draft_retention"] == 1  # the set covers the context: the same drafts
+    r = by[("dustin", 24)]
+    lo, hi = r["draft_retention_ci"]
+    assert 0 < lo - 1e-12 <= r["draft_retention"] <= hi + 1e-12
+    assert by[("quest", 24)]["draft_retention"] is None and by[("full", None)]["draft_retention"] is None
+    _, m = write_acceptance(recs, root / "vs", "v", provenance(), cfg, configs)
+    assert "paired drafting retention" in m.read_text()

@@ -115,11 +115,11 @@ def test_accepted_counts_stop_at_the_length_limit_and_eos(pair):
     assert eos.stats.accepted[1][1] == -1
 
 
-def sparse_draft(pair, budget, policy="dustin"):
+def sparse_draft(pair, budget, policy="dustin", draft_kv="verify-set", **kw):
     t, d = pair
     cfg = SparseConfig.all_heads(t.cfg, d.cfg, budget, sinks=1, window=3)
-    cfg = SparseConfig(**{**cfg.__dict__, "draft_kv": "verify-set"})
-    return make_policy(policy, cfg, target=t, draft=d)
+    cfg = SparseConfig(**{**cfg.__dict__, "draft_kv": draft_kv})
+    return make_policy(policy, cfg, target=t, draft=d, **kw)
 
 
 @pytest.mark.parametrize("policy", ["dustin", "streamingllm"])
@@ -163,6 +163,61 @@ def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkey
             checked += 1
     assert checked and any(int(L0[b]) < int(L[b]) for _, L0, _, L in seen for b in range(3))
     assert any(int(L0[b]) > 8 for _, L0, _, _ in seen for b in range(3)), "the budget must bind"
+
+
+@pytest.mark.parametrize("budget", [64, 8])
+def test_paired_drafting_leaves_the_loop_as_it_was(pair, budget):
+    """The shadow drafting over the draft's whole cache rewrites no state the real drafting reads:
+    the tokens and accepted counts are those of the run without it; with a set covering the context
+    both drafts are the same, so full verification accepts as many of each."""
+    target, draft = pair
+    plain = speculative_generate(target, draft, PROMPTS, 12, gamma=3, hooks=sparse_draft(pair, budget))
+    paired = speculative_generate(target, draft, PROMPTS, 12, gamma=3, hooks=sparse_draft(pair, budget, paired=True))
+    assert paired.tokens == plain.tokens and paired.stats.accepted == plain.stats.accepted
+    x = paired.stats.extra
+    assert x["shadow_tau"] > 1 and len(x["paired_shadow_per_sequence"]) == len(PROMPTS)
+    if budget == 64:
+        assert x["draft_retention"] == 1 and x["paired_shadow_per_sequence"] == x["paired_full_per_sequence"]
+    assert x["draft_retention"] == pytest.approx(x["full_tau"] / x["shadow_tau"])
+    full_kv = speculative_generate(target, draft, PROMPTS, 12, gamma=3,
+                                   hooks=sparse_draft(pair, budget, draft_kv="full", paired=True))
+    assert "draft_retention" not in full_kv.stats.extra  # no shadow without sparse drafting
+
+
+def test_paired_drafting_shadows_full_kv_drafting_of_the_same_context(pair):
+    """One step from the same prefill: the shadow's drafts are those a full-KV drafting run makes,
+    and full verification accepts as many of them; the set's drafts differ somewhere (the budget binds)."""
+    target, draft = pair
+    seen = {}
+    hooks = sparse_draft(pair, 4, paired=True)
+    for name in ("drafted", "shadow_drafted"):
+        orig = getattr(hooks, name)
+
+        def record(tokens, orig=orig, name=name):
+            seen[name] = tokens.clone()
+            orig(tokens)
+
+        setattr(hooks, name, record)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 131, (n,), generator=g).tolist() for n in (37, 52, 29, 44)]  # the set binds
+    sparse = speculative_generate(target, draft, prompts, 1, gamma=3, hooks=hooks)
+    full_hooks = sparse_draft(pair, 4, draft_kv="full", paired=True)
+    full_hooks.drafted = lambda tokens, orig=full_hooks.drafted: (seen.__setitem__("full", tokens.clone()), orig(tokens))
+    full = speculative_generate(target, draft, prompts, 1, gamma=3, hooks=full_hooks)
+    assert sparse.stats.steps == full.stats.steps == 1
+    assert torch.equal(seen["shadow_drafted"], seen["full"])
+    assert not torch.equal(seen["drafted"], seen["full"])
+    assert sparse.stats.extra["paired_shadow_per_sequence"] == full.stats.extra["paired_full_per_sequence"]
+    assert sparse.stats.extra["shadow_tau"] == full.stats.extra["full_tau"]
+
+
+def test_paired_drafting_needs_greedy_decoding(pair):
+    from dustin_runtime.errors import DustinError
+
+    target, draft = pair
+    with pytest.raises(DustinError, match="greedy"):
+        speculative_generate(target, draft, PROMPTS, 4, gamma=3, hooks=sparse_draft(pair, 8, paired=True),
+                             sampling=SamplingConfig(temperature=1.0))
 
 
 def test_sparse_drafting_is_refused_where_there_is_no_shared_set(pair):
