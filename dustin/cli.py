@@ -73,6 +73,11 @@ DraftVocab = Annotated[str | None, typer.Option("--draft-vocab", help="The draft
                                                "(FR-Spec): PATH:K keeps the K most frequent tokens of a token-counts "
                                                "file (`dustin profile vocab`) and EOS; the rest get probability 0 "
                                                "(verification stays exact).")]
+DraftLookup = Annotated[str | None, typer.Option("--draft-lookup", help="Draft tokens copied from each sequence's "
+                                                "own history where it repeats (prompt lookup): MAX or MAX:MIN "
+                                                "n-gram lengths, longest match first (MIN defaults to 2); the "
+                                                "draft model's token where nothing matches. Exact (greedy and "
+                                                "sampled). Off by default.")]
 MeasureArr = Annotated[bool, typer.Option("--measure-arr/--no-arr", help="Also record ARR (the share of the true "
                                           "verification attention the set keeps; one more pass per step).")]
 Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT,
@@ -543,6 +548,7 @@ def decode(
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
     draft_vocab: DraftVocab = None,
+    draft_lookup: DraftLookup = None,
     measure_arr: bool = typer.Option(False, "--measure-arr", help="Also measure ARR on the side (slower)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                      help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
@@ -553,9 +559,13 @@ def decode(
     """Decode prompts with the target, speculatively when a draft is given."""
     from dustin_eval.plan import plan_sparse
     from dustin_runtime import pipeline
+    from dustin_runtime.lookup import LookupConfig
     from dustin_runtime.sampling import SamplingConfig
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
+    lookup = None if draft_lookup is None else LookupConfig.parse(draft_lookup)
+    if lookup is not None and draft is None:
+        raise DustinError("--draft-lookup drafts beside a draft model: give --draft")
     prompts = pipeline.read_prompts(prompt, prompt_file, batch_file, max_new_tokens)
     plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers))
     if policy != "full" and draft is None:
@@ -569,7 +579,7 @@ def decode(
         hooks = make_policy(policy, plan.config(tgt, drf), target=tgt.model, draft=drf.model, measure_arr=measure_arr)
     with console.status("decoding", spinner="dots"):
         out = pipeline.decode(tgt, drf, prompts, gamma=gamma, chat=chat, seed=seed, hooks=hooks, sampling=sampling,
-                              cuda_graphs=cuda_graphs)
+                              cuda_graphs=cuda_graphs, lookup=lookup)
     _print_decode(out)
     if json_out:
         print(json.dumps(out.record()))
@@ -584,6 +594,7 @@ def eval_acceptance(
     draft_kv: DraftKV = None,
     refresh_layers: RefreshLayers = "",
     draft_vocab: DraftVocab = None,
+    draft_lookup: DraftLookup = None,
     contexts: Contexts = "4096,8192",
     windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
     max_new_tokens: NewTokens = 64,
@@ -611,6 +622,7 @@ def eval_acceptance(
     from dustin_eval import acceptance as acc
     from dustin_eval.plan import plan_sparse, read_profile, run_identity, sparse_configs
     from dustin_runtime.files import FolderLock
+    from dustin_runtime.lookup import LookupConfig
     from dustin_runtime.provenance import provenance
 
     ints = _ints(budgets, "--budgets")
@@ -619,7 +631,7 @@ def eval_acceptance(
         contexts=tuple(_ints(contexts, "--contexts")), windows=windows,
         max_new_tokens=max_new_tokens, gamma=gamma, budgets=tuple(ints), policies=chosen,
         books_dir=str(books_dir) if books_dir else acc.AcceptanceConfig.books_dir, measure_arr=measure_arr,
-        paired=paired,
+        paired=paired, lookup=None if draft_lookup is None else LookupConfig.parse(draft_lookup),
     )
     refresh = _layers(refresh_layers)
     if refresh and "dustin" not in chosen:

@@ -35,6 +35,7 @@ from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.generate import cache_capacity, prefill
+from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.pipeline import LoadedModel
 from dustin_runtime.policies import make_policy
 from dustin_runtime.sparse import POLICIES, SparseConfig
@@ -61,6 +62,7 @@ class AcceptanceConfig:
     seed: int = 0
     measure_arr: bool = True
     paired: bool = True
+    lookup: LookupConfig | None = None  # drafts copied from each sequence's history where it repeats (every policy)
 
     def __post_init__(self):
         bad = [p for p in self.policies if p not in POLICIES]
@@ -82,6 +84,8 @@ def resume_key(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], extra: M
     """What the records depend on: the settings shared by every run, and under "runs" each budget's
     SparseConfig (contexts, policies and budgets are each record's own key, so a re-run may add them)."""
     common = {k: v for k, v in asdict(cfg).items() if k not in ("contexts", "policies", "budgets")}
+    if cfg.lookup is None:  # as keys written before the option existed
+        del common["lookup"]
     runs = {f"S={b}": {k: v for k, v in asdict(c).items() if k != "source"} for b, c in sorted(configs.items())}
     return {**common, **dict(extra or {}), "runs": runs}
 
@@ -159,7 +163,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                     hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
                                         measure_arr=cfg.measure_arr, paired=cfg.paired)
                     res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
-                                               gamma=cfg.gamma, hooks=hooks, prefilled=shared)
+                                               gamma=cfg.gamma, hooks=hooks, prefilled=shared, lookup=cfg.lookup)
                     s = res.stats
                     rec = {
                         "context": context, "policy": policy, "budget": budget,
@@ -170,6 +174,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                         "arr": s.extra.get("arr"), "arr_per_sequence": s.extra.get("arr_per_sequence"),
                         "full_tau": s.extra.get("full_tau"), "paired_retention": s.extra.get("paired_retention"),
                         "agree": s.extra.get("agree"), "draft_retention": s.extra.get("draft_retention"),
+                        "lookup_share": s.extra.get("lookup_share"),
                         "decode_s": s.decode_seconds, "seconds": s.seconds, "extra": s.extra, "tokens": res.tokens,
                     }
                     if scfg is not None and scfg.refresh_layers:
@@ -223,7 +228,7 @@ def intervals(r: dict, full: dict) -> dict:
 
 COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "retention", "retention_ci", "paired_retention",
            "paired_retention_ci", "agree", "draft_retention", "draft_retention_ci", "arr", "arr_ci", "prefix",
-           "full_tau", "steps")
+           "full_tau", "lookup_share", "steps")
 
 
 def table_rows(records: Sequence[dict]) -> list[dict]:
@@ -280,6 +285,10 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
             "ARR = mean share of each verification query's true attention on the context that the set keeps "
             "(new tokens left out). prefix = mean share of each sequence's tokens identical to full "
             "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences).")
+    if cfg.lookup is not None:
+        note += (f" Every run drafts with context lookup (`--draft-lookup {cfg.lookup.label()}`: a draft token is "
+                 "copied from the sequence's own history where its last n-gram recurs, n from "
+                 f"{cfg.lookup.max_ngram} down to {cfg.lookup.min_ngram}; lookup_share = the share of drafts copied).")
     refresh = sorted({tuple(c.refresh_layers) for c in configs.values() if c.refresh_layers})
     if refresh and "dustin" in cfg.policies:
         note += (f" dustin chooses the set again inside the verification pass at target layers "

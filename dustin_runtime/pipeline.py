@@ -12,6 +12,7 @@ import torch
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import Checkpoint, load_model, parse_dtype
+from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import SamplingConfig
 from dustin_runtime.speculative import SpecHooks, speculative_generate
@@ -169,6 +170,7 @@ def decode(
     seed: int = 0,
     hooks: SpecHooks | None = None,
     cuda_graphs: bool | None = None,
+    lookup: LookupConfig | None = None,
 ) -> DecodeOutput:
     """Decode a batch of text prompts: autoregressive without a draft, speculative with one (the
     steps as CUDA graphs on CUDA unless `cuda_graphs` is False)."""
@@ -189,7 +191,7 @@ def decode(
     else:
         res = speculative_generate(
             target.model, draft.model, ids, max_new, gamma=gamma, sampling=sampling,
-            eos_ids=eos, hooks=hooks, seed=seed, cuda_graphs=cuda_graphs,
+            eos_ids=eos, hooks=hooks, seed=seed, cuda_graphs=cuda_graphs, lookup=lookup,
         )
     texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
     meta = {
@@ -201,5 +203,6 @@ def decode(
         "dtype": str(target.model.dtype).removeprefix("torch."),
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
+        "draft_lookup": None if lookup is None else lookup.label(),
     }
     return DecodeOutput(ids, res.tokens, texts, res.finish_reasons, res.stats, meta)

@@ -38,6 +38,7 @@ from dustin_runtime.generate import (
     use_graphs,
 )
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.lookup import ContextLookup, LookupConfig
 from dustin_runtime.measures import PER_SEQUENCE
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import (
@@ -146,6 +147,7 @@ def speculative_generate(
     replay: AcceptReplay | None = None,
     cuda_graphs: bool | None = None,
     engine: Engine | None = None,
+    lookup: LookupConfig | None = None,
 ) -> GenerationResult:
     """Speculative decoding of a batch of prompts of any lengths with ragged acceptance (EOS ids
     are forbidden before `min_new_tokens` new tokens, in the draft and the target alike).
@@ -154,6 +156,7 @@ def speculative_generate(
     prefilled with the plain backend (shared by several runs); they are copied and prefill goes on
     from there, exactly as if it had started from zero. `prefilled` = rows (an int): the engine's
     own caches (`engine.caches`) already hold them. `replay` overrides the accept decision.
+    `lookup`: draft tokens copied from each sequence's history where it repeats (`dustin_runtime.lookup`).
     On CUDA the phases run as CUDA graphs unless `cuda_graphs` is False or the policy is not
     cacheable (side measurements, traces); `engine` defaults to the model pair's."""
     if gamma < 1:
@@ -178,16 +181,20 @@ def speculative_generate(
     timer = PhaseTimer(device)
     t0 = time.perf_counter()
     tcache, dcache = engine.caches(B, cache_capacity(prompts, max_new, gamma), draft=True)
+    if lookup is not None and tp is not None:
+        raise DustinError("--draft-lookup runs in one process (not under --tp)")
     key = None if pkey is None else ("spec", B, tcache.max_len, gamma, sampling, min_new_tokens,
-                                     tuple(sorted(set(eos_ids))), replay is not None, pkey)
+                                     tuple(sorted(set(eos_ids))), replay is not None, lookup, pkey)
 
     def build(st):
         st.objs["hooks"] = hooks
         st.objs["loop"] = _SpecLoop(target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new_tokens,
-                                    st.generator, V, replay is not None)
-        book = st.objs["loop"].book
-        st.mutable = [tcache.lengths, dcache.lengths, st.objs["loop"].cur, st.objs["loop"].prev, book.produced,
-                      book.done, book.step]
+                                    st.generator, V, replay is not None, lookup)
+        loop = st.objs["loop"]
+        book = loop.book
+        st.mutable = [tcache.lengths, dcache.lengths, loop.cur, loop.prev, book.produced, book.done, book.step]
+        if loop.lookup is not None:
+            st.mutable += [loop.lookup.hist, loop.lookup.ptr, loop.lookup.copied, loop.lookup.drafts]
 
     st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
     hooks, loop = st.objs["hooks"], st.objs["loop"]
@@ -195,6 +202,8 @@ def speculative_generate(
     loop.book.reset(max_new)
     if replay is not None:
         loop.load_replay(replay.counts)
+    if loop.lookup is not None:
+        loop.lookup.load(prompts)
     hooks.reset()
     start = 0
     if isinstance(prefilled, tuple):  # caches of the whole batch (the draft's: this rank's rows of it)
@@ -224,6 +233,8 @@ def speculative_generate(
     seconds.update(timer.totals())
     seconds["total"] = time.perf_counter() - t0
     extra = {k: v[:asked] if k.endswith(PER_SEQUENCE) else v for k, v in hooks.summary().items()}
+    if loop.lookup is not None:
+        extra.update(loop.lookup.summary())
     stats = DecodeStats(
         mode="speculative",
         batch=asked,
@@ -247,7 +258,7 @@ class _SpecLoop:
     its vocabulary columns (`shard`)."""
 
     def __init__(self, target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new, generator, V,
-                 replayed: bool):
+                 replayed: bool, lookup: LookupConfig | None = None):
         device, B = target.device, tcache.batch
         self.target, self.draft, self.tcache, self.dcache, self.hooks = target, draft, tcache, dcache, hooks
         self.gamma, self.sampling, self.gen, self.V = gamma, sampling, generator, V
@@ -266,6 +277,7 @@ class _SpecLoop:
         self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
         self.prev = torch.zeros(B, dtype=torch.long, device=device)  # [B] the token before it (cur at length 0)
         self.replay = torch.zeros(tcache.max_len + 1, B, dtype=torch.long, device=device) if replayed else None
+        self.lookup = None if lookup is None else ContextLookup(lookup, B, tcache.max_len + gamma + 2, device)
         self.step: dict[str, torch.Tensor] = {}  # values passed between the phases of one step
         self.phases = {"draft": self.draft_phase, "select": hooks.before_verify, "verify": self.verify_phase,
                        "accept": self.accept_phase}
@@ -300,6 +312,8 @@ class _SpecLoop:
         self.dcache.set_lengths((L - 1).clamp_min(0))  # at L = 0 (a one-token prompt): [cur, cur] from 0
         tok = torch.stack([self.prev[self.rows], self.cur[self.rows]], dim=1)  # [b, 2]
         drafted, qs = [], []
+        if self.lookup is not None:
+            self.lookup.begin()
         for i in range(self.gamma):
             logits = self.draft(tok, self.dcache, backend, phase="draft", logits="last")[..., : self.V]
             logits = self.book.mask_early_stops(logits, offset=i, rows=self.drows)[:, -1]
@@ -312,6 +326,15 @@ class _SpecLoop:
             else:
                 q = probs_from_logits(logits, self.sampling)
                 nxt = sample(q, self.gen, rows=self.drows, batch=self.tcache.batch)
+            if self.lookup is not None:  # a copy from the sequence's history where it repeats (one-hot q)
+                hit, copy = self.lookup.propose(L + i)
+                hit = hit & (copy < self.V)
+                nxt = torch.where(hit, copy, nxt)
+                if not self.sampling.greedy:
+                    q = torch.where(hit.view(-1, 1), torch.nn.functional.one_hot(nxt, q.shape[-1]).to(q.dtype), q)
+                self.lookup.write(L + i + 1, nxt)
+                self.lookup.chose(hit, ~self.book.done)
+            if not self.sampling.greedy:
                 qs.append(q)
             drafted.append(nxt)
             tok = nxt.view(-1, 1)
@@ -339,4 +362,6 @@ class _SpecLoop:
         live = advance > 0
         self.prev.copy_(torch.where(live, self.step["vt"].gather(1, n.view(-1, 1)).view(-1), self.prev))
         self.cur.copy_(torch.where(live, nxt, self.cur))
+        if self.lookup is not None:  # cur sits at the new length (the accepted drafts are already in place)
+            self.lookup.write(self.tcache.lengths, self.cur)
         self.hooks.after_verify(n, advance)

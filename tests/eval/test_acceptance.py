@@ -113,3 +113,23 @@ def test_acceptance_with_sparse_drafting_reports_paired_drafting(setup):
     assert by[("quest", 24)]["draft_retention"] is None and by[("full", None)]["draft_retention"] is None
     _, m = write_acceptance(recs, root / "vs", "v", provenance(), cfg, configs)
     assert "paired drafting retention" in m.read_text()
+
+
+def test_acceptance_with_context_lookup(setup):
+    from dustin_runtime.errors import DustinError
+    from dustin_runtime.lookup import LookupConfig
+
+    tgt, drf, books, root = setup
+    cfg = AcceptanceConfig(contexts=(90,), windows=2, max_new_tokens=9, gamma=3, budgets=(512,),
+                           policies=("full", "dustin"), books_dir=str(books), measure_arr=False, paired=False,
+                           lookup=LookupConfig(4, 1))
+    configs = {512: SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, 512, sinks=2, window=6)}
+    runs = root / "lk" / "l.runs.jsonl"
+    recs = run_acceptance(tgt, drf, configs, cfg, runs)
+    for r in recs:  # the books repeat themselves: the first draft of a step is always a copy
+        assert r["lookup_share"] >= 0.25 and r["extra"]["draft_lookup"] == "4:1"
+    assert recs[0]["tokens"] == recs[1]["tokens"]  # S covers the context: dustin decodes as full
+    with pytest.raises(DustinError):  # another lookup is another run: not resumed into this one
+        run_acceptance(tgt, drf, configs, replace(cfg, lookup=None), runs)
+    _, m = write_acceptance(recs, root / "lk", "l", provenance(), cfg, configs)
+    assert "--draft-lookup 4:1" in m.read_text()

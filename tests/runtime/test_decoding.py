@@ -96,20 +96,25 @@ def test_rejection_sampling_first_token_distribution():
     assert abs((n > 0).float().mean().item() - overlap) < 0.01
 
 
-@pytest.mark.parametrize("sampling,subset", [(SamplingConfig(1.0), None), (SamplingConfig(0.8, top_p=0.9), None),
-                                             (SamplingConfig(1.0), (0, 2, 3, 7))])
-def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, sampling, subset):
+@pytest.mark.parametrize("sampling,subset,lookup", [(SamplingConfig(1.0), None, False),
+                                                    (SamplingConfig(0.8, top_p=0.9), None, False),
+                                                    (SamplingConfig(1.0), (0, 2, 3, 7), False),
+                                                    (SamplingConfig(1.0), None, True)])
+def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, sampling, subset, lookup):
     """End to end: the joint law of two sampled tokens equals the target's, computed exactly; also
     with the draft's head over a vocabulary subset (--draft-vocab: 5 of the 9 tokens get draft
-    probability zero)."""
+    probability zero) and with drafts copied from the prompt (--draft-lookup: one-hot proposals)."""
+    from dustin_runtime.lookup import LookupConfig
+
     tfolder, _ = tiny_hf("qwen3", seed=21, vocab_size=9)
     dfolder, _ = tiny_hf("qwen3", seed=22, vocab_size=9)
     target, _ = load_model(str(tfolder))
     draft, _ = load_model(str(dfolder))
     if subset is not None:
         draft.restrict_head(torch.tensor(subset))
-    prompt, N, V = [3, 1, 4, 1, 5], 6000, 9
-    out = speculative_generate(target, draft, [prompt] * N, 2, gamma=2, sampling=sampling, seed=5)
+    prompt, N, V = [3, 1, 4, 1, 5] + ([3, 1] if lookup else []), 6000, 9  # "3 1" recurs: the lookup copies 4, 1
+    out = speculative_generate(target, draft, [prompt] * N, 2, gamma=2, sampling=sampling, seed=5,
+                               lookup=LookupConfig(4, 1) if lookup else None)
     pairs = torch.tensor([t[0] * V + t[1] for t in out.tokens])
     counts = torch.bincount(pairs, minlength=V * V)
     from dustin_runtime.sampling import probs_from_logits
@@ -127,6 +132,8 @@ def test_speculative_sampling_matches_target_joint_distribution(tiny_hf, samplin
     assert 0 < sum(acc) < 2 * len(acc)  # some drafts accepted, some rejected
     if subset is not None:  # tokens outside the subset do come out (the target's residual)
         assert {t[0] for t in out.tokens} - set(subset)
+    if lookup:  # the first draft of every step is a copy
+        assert out.stats.extra["lookup_share"] >= 0.5
 
 
 def test_stats_are_consistent(pair):

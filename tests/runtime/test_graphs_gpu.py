@@ -199,3 +199,21 @@ def test_vocabulary_subset_draft_graph_path_equals_eager(pair, policy):
         assert graph.tokens == eager.tokens and graph.stats.accepted == eager.stats.accepted
     finally:
         d.restrict_head(None)
+
+
+@pytest.mark.parametrize("policy", ["none", "dustin-vs"])
+def test_graph_path_with_context_lookup_equals_eager(pair, policy):
+    """--draft-lookup inside the graphs: the history buffer is loaded per call and updated in place."""
+    from dustin_runtime.lookup import LookupConfig
+
+    t, d = pair
+    for call in range(2):
+        g = torch.Generator().manual_seed(40 + call)
+        motif = torch.randint(0, 131, (11,), generator=g).tolist()
+        ps = [motif * (3 + b % 5) + torch.randint(0, 131, (b,), generator=g).tolist() for b in range(8)]
+        look = LookupConfig(4, 1)
+        eager = speculative_generate(t, d, ps, 21, gamma=4, hooks=hooks(policy, t, d), cuda_graphs=False, lookup=look)
+        graph = speculative_generate(t, d, ps, 21, gamma=4, hooks=hooks(policy, t, d), lookup=look)
+        assert graph.stats.cuda_graphs and graph.tokens == eager.tokens
+        assert graph.stats.accepted == eager.stats.accepted
+        assert graph.stats.extra["lookup_share"] == eager.stats.extra["lookup_share"] > 0

@@ -1,0 +1,120 @@
+"""Context lookup beside the draft model (prompt lookup / n-gram speculation): a draft token can be
+copied from the sequence's own history instead of taken from the draft model.
+
+At each draft forward of a step, the lookup searches the sequence's tokens so far (prompt, committed
+tokens, this step's drafts) for the most recent earlier occurrence of its last n tokens, longest n
+first from `max_ngram` down to `min_ngram`; on a match it proposes the token that followed that
+occurrence, and the step's next forwards go on copying the same occurrence (a chunk, as long as the
+step drafts). Without a match the draft model's token is taken, and the next forward searches again.
+The draft model runs every forward either way (its cache rows and, for dustin, its lookahead
+attention are over the tokens actually proposed).
+
+Long-context text quotes itself (names, phrases, repeated lines; a greedy small target repeats its
+own output), and the draft model cannot always copy: the lookup costs no weights and a few small
+kernels per forward. Sampling stays exact: a copied token is a proposal with probability 1 (the draft
+distribution of that position is one-hot), so rejection sampling accepts it with probability p(token)
+and resamples from the rest of p otherwise.
+
+History layout: `hist[b, pos]` is the token at position pos (the prompt at 0..len - 1; the last
+committed token `cur` sits at the target's length L; this step's draft i at L + i, overwritten by what
+is committed). Static buffers, no host sync: runs inside the loop's CUDA graphs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dustin_runtime.errors import DustinError
+
+MAX_NGRAM = 16
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """n-gram lengths the lookup matches, longest first."""
+
+    max_ngram: int = 4
+    min_ngram: int = 2
+
+    def __post_init__(self):
+        lo, hi = self.min_ngram, self.max_ngram
+        if not (isinstance(lo, int) and isinstance(hi, int)) or not 1 <= lo <= hi <= MAX_NGRAM:
+            raise DustinError(f"draft lookup n-grams must satisfy 1 <= min <= max <= {MAX_NGRAM}, got max {hi}, min {lo}")
+
+    @classmethod
+    def parse(cls, text: str) -> LookupConfig:
+        """'MAX' or 'MAX:MIN' (MIN defaults to min(2, MAX))."""
+        parts = text.strip().split(":")
+        try:
+            vals = [int(p) for p in parts]
+        except ValueError:
+            raise DustinError(f"--draft-lookup takes MAX or MAX:MIN n-gram lengths, got {text!r}") from None
+        if len(vals) not in (1, 2):
+            raise DustinError(f"--draft-lookup takes MAX or MAX:MIN n-gram lengths, got {text!r}")
+        return cls(vals[0], vals[1] if len(vals) == 2 else min(2, vals[0]))
+
+    def label(self) -> str:
+        return f"{self.max_ngram}:{self.min_ngram}"
+
+
+class ContextLookup:
+    """The token history of a batch and the lookup's state within a step (`ptr`: the history
+    position whose token the previous forward copied, -1 when it took the model's)."""
+
+    def __init__(self, cfg: LookupConfig, batch: int, capacity: int, device):
+        self.cfg = cfg
+        self.hist = torch.full((batch, capacity), -1, dtype=torch.long, device=device)  # [B, N]
+        self.ptr = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
+        self.pos = torch.arange(capacity, device=device).view(1, -1)  # [1, N]
+        self.copied = torch.zeros(batch, dtype=torch.float64, device=device)  # drafts copied (stats)
+        self.drafts = torch.zeros(batch, dtype=torch.float64, device=device)  # drafts made
+
+    def load(self, prompts: list[list[int]]) -> None:
+        """The prompts at positions 0.. (eager, once per call); the statistics start again."""
+        self.hist.fill_(-1)
+        N = self.hist.shape[1]
+        for b, p in enumerate(prompts):
+            if len(p) > N:
+                raise DustinError(f"prompt {b} has {len(p)} tokens, the lookup holds {N}")
+            self.hist[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+        self.copied.zero_()
+        self.drafts.zero_()
+
+    def begin(self) -> None:
+        """Start of a step's drafting: the first forward searches."""
+        self.ptr.fill_(-1)
+
+    def write(self, pos: torch.Tensor, tok: torch.Tensor) -> None:
+        """hist[b, pos[b]] = tok[b] (pos, tok: [B])."""
+        self.hist.scatter_(1, pos.long().view(-1, 1), tok.view(-1, 1))
+
+    def propose(self, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token after position end [B] (the last known one): (hit [B] bool, token [B]); the
+        continuation of the previous forward's copy, else the longest most recent match."""
+        hist, E = self.hist, end.long().view(-1, 1)  # [B, N], [B, 1]
+        N = hist.shape[1]
+        match = self.pos < E  # [B, N] candidate ends j of an earlier occurrence (j < E)
+        best = torch.full_like(self.ptr, -1)
+        for k in range(self.cfg.max_ngram):  # the k-th token back: hist[j - k] == hist[E - k]
+            back = hist if k == 0 else torch.nn.functional.pad(hist, (k, 0), value=-1)[:, :N]
+            want = hist.gather(1, (E - k).clamp_min(0))  # [B, 1]
+            match = match & (back == want) & (E - k >= 0)
+            if k + 1 >= self.cfg.min_ngram:  # a longer match overrides a shorter one
+                last = torch.where(match, self.pos, -1).amax(1)  # [B] the most recent
+                best = torch.where(last >= 0, last, best)
+        ptr = torch.where(self.ptr >= 0, self.ptr + 1, torch.where(best >= 0, best + 1, -1))
+        self.ptr.copy_(ptr)
+        hit = ptr >= 0
+        tok = hist.gather(1, ptr.clamp_min(0).view(-1, 1)).view(-1)
+        return hit, tok
+
+    def chose(self, hit: torch.Tensor, live: torch.Tensor | None = None) -> None:
+        """Count a forward's drafts (hit: copied) for the statistics."""
+        w = torch.ones_like(self.drafts) if live is None else live.double()
+        self.copied += hit.double() * w
+        self.drafts += w
+
+    def summary(self) -> dict:
+        d = self.drafts.sum().item()
+        return {"draft_lookup": self.cfg.label(), "lookup_share": self.copied.sum().item() / d if d else 0.0}

@@ -1,0 +1,100 @@
+"""Context lookup beside the draft (`--draft-lookup`): the proposals against a plain-Python search
+(longest n-gram first, the most recent occurrence, then the copy goes on), greedy decoding still
+emits the target's own tokens, and the option's parsing. (Sampled: the joint-law test in
+test_decoding.py; CUDA graphs: test_graphs_gpu.py.)"""
+
+import random
+
+import pytest
+import torch
+
+from dustin_runtime.errors import DustinError
+from dustin_runtime.generate import generate
+from dustin_runtime.loader import load_model
+from dustin_runtime.lookup import ContextLookup, LookupConfig
+from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.speculative import speculative_generate
+
+
+def ref_next(known: list[int], ptr: int, nmax: int, nmin: int) -> int:
+    """The history position whose token comes next (-1: none): the copy goes on, else the most
+    recent earlier end of the longest suffix match, nmax down to nmin."""
+    if ptr >= 0:
+        return ptr + 1
+    E = len(known) - 1
+    for n in range(nmax, nmin - 1, -1):
+        if E - n + 1 < 0:
+            continue
+        suffix = known[E - n + 1:]
+        for j in range(E - 1, n - 2, -1):
+            if known[j - n + 1: j + 1] == suffix:
+                return j + 1
+    return -1
+
+
+@pytest.mark.parametrize("nmax,nmin", [(4, 2), (3, 1), (1, 1), (5, 5)])
+def test_proposals_equal_the_plain_search(nmax, nmin):
+    rng = random.Random(nmax * 10 + nmin)
+    B, N, steps, gamma = 5, 61, 6, 3
+    lens = [1, 2, 7, 13, 30]  # prompts from one token on (no match possible at first)
+    hists = [[rng.randrange(3 if b % 2 else 5) for _ in range(n)] for b, n in enumerate(lens)]
+    look = ContextLookup(LookupConfig(nmax, nmin), B, N, "cpu")
+    look.load(hists)
+    L = [n - 1 for n in lens]  # cur sits at L
+    for _ in range(steps):
+        look.begin()
+        ptrs = [-1] * B
+        for i in range(gamma):
+            hit, tok = look.propose(torch.tensor(L) + i)
+            drafted = []
+            for b in range(B):
+                known = hists[b][: L[b] + i + 1]
+                ptrs[b] = ref_next(known, ptrs[b], nmax, nmin)
+                assert bool(hit[b]) == (ptrs[b] >= 0), (b, i)
+                if ptrs[b] >= 0:
+                    assert int(tok[b]) == known[ptrs[b]]
+                choice = int(tok[b]) if ptrs[b] >= 0 else rng.randrange(5)  # the model's token otherwise
+                drafted.append(choice)
+                hists[b] = known + [choice]
+            look.write(torch.tensor(L) + i + 1, torch.tensor(drafted))
+        for b in range(B):  # commit a few drafts and a new token, as the loop does
+            n = rng.randrange(gamma + 1)
+            hists[b] = hists[b][: L[b] + n + 1] + [rng.randrange(5)]
+            L[b] += n + 1
+        look.write(torch.tensor(L), torch.tensor([hists[b][L[b]] for b in range(B)]))
+        for b in range(B):
+            assert look.hist[b, : L[b] + 1].tolist() == hists[b][: L[b] + 1]
+
+
+@pytest.fixture
+def pair(tiny_hf):
+    tfolder, _ = tiny_hf("llama3", seed=41)
+    dfolder, _ = tiny_hf("llama3", seed=42, num_hidden_layers=1)
+    return load_model(str(tfolder))[0], load_model(str(dfolder))[0]
+
+
+@pytest.mark.parametrize("policy", [None, "dustin", "dustin-vs"])
+def test_greedy_with_lookup_emits_the_targets_tokens(pair, policy):
+    target, draft = pair
+    g = torch.Generator().manual_seed(3)
+    motif = torch.randint(0, 131, (9,), generator=g).tolist()
+    prompts = [motif * 4 + [5, 6], torch.randint(0, 131, (23,), generator=g).tolist(), motif[:3] * 6]
+    hooks = None
+    if policy is not None:
+        cfg = SparseConfig.all_heads(target.cfg, draft.cfg, 64, sinks=1, window=3)  # covers: exact
+        cfg = SparseConfig(**{**cfg.__dict__, "draft_kv": "verify-set" if policy.endswith("-vs") else "full"})
+        hooks = make_policy("dustin", cfg, target=target, draft=draft)
+    out = speculative_generate(target, draft, prompts, 17, gamma=4, hooks=hooks, lookup=LookupConfig(4, 1))
+    assert out.tokens == generate(target, prompts, 17).tokens
+    x = out.stats.extra
+    assert x["draft_lookup"] == "4:1" and 0 < x["lookup_share"] <= 1
+
+
+def test_lookup_is_refused_under_tensor_parallel_and_parses():
+    assert LookupConfig.parse("4") == LookupConfig(4, 2)
+    assert LookupConfig.parse("1") == LookupConfig(1, 1)
+    assert LookupConfig.parse(" 6:3 ") == LookupConfig(6, 3)
+    for bad in ("", "x", "2:3", "0", "4:0", "17", "4:2:1"):
+        with pytest.raises(DustinError, match="n-gram"):
+            LookupConfig.parse(bad)
