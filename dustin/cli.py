@@ -282,6 +282,7 @@ def bench_e2e(
     draft_vocab: str | None = typer.Option(None, "--draft-vocab", help="The draft's LM head over a vocabulary "
                                            "subset (FR-Spec), for every policy: K (preset shapes: ids 0..K-1) or "
                                            "PATH:K (the K most frequent tokens of `dustin profile vocab`'s file)."),
+    draft_lookup: DraftLookup = None,
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>[-tp<N>].json."),
     tp: TP = None,
     tp_select: TPSelect = "shared",
@@ -308,6 +309,7 @@ def bench_e2e(
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
                          m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab,
+                         draft_lookup=draft_lookup,
                          score_channels=score_channels, refresh_kv_heads=refresh_kv_heads)
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched

@@ -102,6 +102,7 @@ class E2EConfig:
     refresh_kv_heads: int = 0  # KV heads scoring each refresh layer (its first K; 0: every KV head)
     score_channels: int = 0  # key channels of the -c policies' scorers
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
+    draft_lookup: str | None = None  # context lookup beside the draft (MAX[:MIN]), every speculative policy
 
     def check(self) -> None:
         known = POLICIES + REFRESH_POLICIES + CHANNEL_POLICIES
@@ -133,6 +134,12 @@ class E2EConfig:
         if shape is not None and self.score_channels > shape.head_dim:
             raise DustinError(f"--score-channels {self.score_channels} exceeds the head dim {shape.head_dim} of "
                               f"{self.target}")
+        if self.draft_lookup is not None:
+            from dustin_runtime.lookup import LookupConfig
+
+            LookupConfig.parse(self.draft_lookup)
+            if self.tp > 1:
+                raise DustinError("--draft-lookup runs in one process (not under --tp)")
         if self.refresh_kv_heads and not self.refresh_layers:
             raise DustinError("--refresh-kv-heads applies to refresh layers: give --refresh-layers")
         if shape is not None and not 0 <= self.refresh_kv_heads <= shape.num_kv_heads:
@@ -312,9 +319,14 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
         scfg = replace(scfg, score_channels=random_channels(pair.target.cfg, cfg.score_channels, cfg.seed))
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
+    lookup = None
+    if cfg.draft_lookup is not None:
+        from dustin_runtime.lookup import LookupConfig
+
+        lookup = LookupConfig.parse(cfg.draft_lookup)
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
                                 eos_ids=pair.eos, engine=eng, prefilled=pre,
-                                replay=None if counts is None else AcceptReplay(counts))
+                                replay=None if counts is None else AcceptReplay(counts), lookup=lookup)
 
 
 @torch.inference_mode()
@@ -493,7 +505,8 @@ def result_path(out_dir: Path, res: dict) -> Path:
     name = c["target"].rstrip("/").split("/")[-1].lower()
     tp = f"-tp{c['tp']}" if c.get("tp", 1) > 1 else ""
     dv = f"-dv{c['draft_vocab'].rpartition(':')[2]}" if c.get("draft_vocab") else ""  # vocabulary-subset draft head
-    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}{tp}{dv}.json"
+    lk = f"-lookup{c['draft_lookup'].replace(':', '-')}" if c.get("draft_lookup") else ""  # context lookup
+    return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}{tp}{dv}{lk}.json"
 
 
 def write_result(res: dict, out_dir: Path) -> Path:

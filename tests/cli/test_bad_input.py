@@ -394,6 +394,7 @@ CASES = {
                                          "--draft-vocab", "{X}/none.json:8"], ["no such token-counts file"]),
     "decode-draft-vocab-not-counts": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
                                        "--draft-vocab", "{X}/file.txt:8"], ["not a token-counts JSON"]),
+    "bench-e2e-draft-lookup-zero": (["bench", "e2e", "--draft-lookup", "0"], ["1 <= min <= max"]),
     "decode-draft-lookup-no-draft": (["decode", "--target", "{T}", "--prompt", "a", "--draft-lookup", "4"],
                                      ["give --draft"]),
     "decode-draft-lookup-garbage": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
