@@ -27,8 +27,6 @@ import torch
 
 from dustin_runtime.errors import DustinError
 
-MAX_NGRAM = 16
-
 
 @dataclass(frozen=True)
 class LookupConfig:
@@ -38,6 +36,8 @@ class LookupConfig:
     min_ngram: int = 2
 
     def __post_init__(self):
+        from dustin_kernels.lookup import MAX_NGRAM
+
         lo, hi = self.min_ngram, self.max_ngram
         if not (isinstance(lo, int) and isinstance(hi, int)) or not 1 <= lo <= hi <= MAX_NGRAM:
             raise DustinError(f"draft lookup n-grams must satisfy 1 <= min <= max <= {MAX_NGRAM}, got max {hi}, min {lo}")
@@ -64,9 +64,9 @@ class ContextLookup:
 
     def __init__(self, cfg: LookupConfig, batch: int, capacity: int, device):
         self.cfg = cfg
-        self.hist = torch.full((batch, capacity), -1, dtype=torch.long, device=device)  # [B, N]
+        self.hist = torch.full((batch, capacity), -1, dtype=torch.int32, device=device)  # [B, N]
         self.ptr = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
-        self.pos = torch.arange(capacity, device=device).view(1, -1)  # [1, N]
+        self.kernel = torch.device(device).type == "cuda"  # the Triton kernel; its torch twin elsewhere
         self.copied = torch.zeros(batch, dtype=torch.float64, device=device)  # drafts copied (stats)
         self.drafts = torch.zeros(batch, dtype=torch.float64, device=device)  # drafts made
 
@@ -77,7 +77,7 @@ class ContextLookup:
         for b, p in enumerate(prompts):
             if len(p) > N:
                 raise DustinError(f"prompt {b} has {len(p)} tokens, the lookup holds {N}")
-            self.hist[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+            self.hist[b, : len(p)] = torch.tensor(p, dtype=torch.int32)
         self.copied.zero_()
         self.drafts.zero_()
 
@@ -87,27 +87,19 @@ class ContextLookup:
 
     def write(self, pos: torch.Tensor, tok: torch.Tensor) -> None:
         """hist[b, pos[b]] = tok[b] (pos, tok: [B])."""
-        self.hist.scatter_(1, pos.long().view(-1, 1), tok.view(-1, 1))
+        self.hist.scatter_(1, pos.long().view(-1, 1), tok.view(-1, 1).to(torch.int32))
 
     def propose(self, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The token after position end [B] (the last known one): (hit [B] bool, token [B]); the
-        continuation of the previous forward's copy, else the longest most recent match."""
-        hist, E = self.hist, end.long().view(-1, 1)  # [B, N], [B, 1]
-        N = hist.shape[1]
-        match = self.pos < E  # [B, N] candidate ends j of an earlier occurrence (j < E)
-        best = torch.full_like(self.ptr, -1)
-        for k in range(self.cfg.max_ngram):  # the k-th token back: hist[j - k] == hist[E - k]
-            back = hist if k == 0 else torch.nn.functional.pad(hist, (k, 0), value=-1)[:, :N]
-            want = hist.gather(1, (E - k).clamp_min(0))  # [B, 1]
-            match = match & (back == want) & (E - k >= 0)
-            if k + 1 >= self.cfg.min_ngram:  # a longer match overrides a shorter one
-                last = torch.where(match, self.pos, -1).amax(1)  # [B] the most recent
-                best = torch.where(last >= 0, last, best)
-        ptr = torch.where(self.ptr >= 0, self.ptr + 1, torch.where(best >= 0, best + 1, -1))
-        self.ptr.copy_(ptr)
-        hit = ptr >= 0
-        tok = hist.gather(1, ptr.clamp_min(0).view(-1, 1)).view(-1)
-        return hit, tok
+        continuation of the previous forward's copy, else the longest most recent match
+        (`dustin_kernels.lookup_propose`)."""
+        if self.kernel:
+            from dustin_kernels import lookup_propose
+
+            return lookup_propose(self.hist, end, self.ptr, self.cfg.max_ngram, self.cfg.min_ngram)
+        from dustin_kernels import lookup_propose_ref
+
+        return lookup_propose_ref(self.hist, end, self.ptr, self.cfg.max_ngram, self.cfg.min_ngram)
 
     def chose(self, hit: torch.Tensor, live: torch.Tensor | None = None) -> None:
         """Count a forward's drafts (hit: copied) for the statistics."""

@@ -124,3 +124,31 @@ def select_indices_ref(primary, secondary, cache_lens, *, budget, sinks, window,
         chosen = torch.cat([torch.arange(sinks, device=dev), torch.arange(L - window, L, device=dev), first, second])
         out[b] = torch.sort(chosen).values.to(torch.int32)
     return out
+
+
+def lookup_propose_ref(
+    hist: torch.Tensor,  # [B, N] int32 tokens by position (-1: unknown)
+    end: torch.Tensor,  # [B]: the last known position
+    ptr: torch.Tensor,  # [B] int64, read and written
+    max_ngram: int,
+    min_ngram: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`lookup_propose` in torch ops (vectorised over the batch: the runtime's path off CUDA)."""
+    hist = hist.long()
+    B, N = hist.shape
+    E = end.long().view(-1, 1)  # [B, 1]
+    pos = torch.arange(N, device=hist.device).view(1, -1)
+    match = pos < E  # [B, N] candidate ends j < E
+    best = torch.full((B,), -1, dtype=torch.long, device=hist.device)
+    for k in range(max_ngram):  # the k-th token back: hist[j - k] == hist[E - k]
+        back = hist if k == 0 else torch.nn.functional.pad(hist, (k, 0), value=-1)[:, :N]
+        want = torch.where(E - k >= 0, hist.gather(1, (E - k).clamp_min(0)), -2)  # [B, 1]
+        match = match & (back == want)
+        if k + 1 >= min_ngram:  # a longer match overrides a shorter one
+            last = torch.where(match, pos, -1).amax(1)  # [B] the most recent
+            best = torch.where(last >= 0, last, best)
+    new = torch.where(ptr >= 0, ptr + 1, torch.where(best >= 0, best + 1, -1))
+    ptr.copy_(new)
+    hit = new >= 0
+    tok = hist.gather(1, new.clamp_min(0).view(-1, 1)).view(-1)
+    return hit, torch.where(hit, tok, 0)
