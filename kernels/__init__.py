@@ -13,6 +13,7 @@ Each has a `<name>_ref` pure-torch reference (fp32 math). Launchers refuse bad a
 """
 
 from dustin_kernels._util import KernelArgumentError
+from dustin_kernels.lookup import lookup_propose
 from dustin_kernels.reference import (
     full_verify_attention_ref,
     lookup_propose_ref,
@@ -21,7 +22,6 @@ from dustin_kernels.reference import (
     sparse_verify_attention_rope_ref,
     srh_scores_ref,
 )
-from dustin_kernels.lookup import lookup_propose
 from dustin_kernels.select import select_indices
 from dustin_kernels.srh_scores import srh_scores
 from dustin_kernels.verify_attention import (
