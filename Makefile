@@ -86,6 +86,18 @@ repro-draft-vocab: .stamp-install
 repro-evals-gpu: .stamp-install
 	PY=$(PY) bash scripts/gpu_evals.sh
 
+# The draft with context lookup and paired drafting, 24 eval windows x 256 tokens at 4k / 8k (GPU):
+# results/acceptance-24x256; and the SmolLM2 pair end to end with real acceptance, with and without
+# the lookup (GPU): results/bench/lookup-64849a4/smol
+.PHONY: repro-lookup bench-e2e-smollm2
+repro-lookup: .stamp-install
+	ONLY="acceptance-draft-paired acceptance-lookup" PY=$(PY) bash scripts/gpu_evals.sh
+bench-e2e-smollm2: .stamp-install
+	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
+		--new-tokens 256 --policies ar,full,dustin-vs --alphas '' --draft-lookup 4:2
+	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
+		--new-tokens 256 --policies ar,full,dustin-vs --alphas ''
+
 # Verification sets across tensor-parallel ranks: shared vs per KV head, 3 CPU ranks (gloo), and one process
 TP_SELECTION = --target smollm2 --draft models/smollm2-draft --profile profiles/smollm2-draft.json --contexts 4096 \
 	--windows 3 --max-new-tokens 32 --budgets 256,512 --policies dustin --no-paired --out-dir results/tp-selection

@@ -324,8 +324,10 @@ def bench_e2e(
             + (f", collectives {r['tp']['collective_ms_per_step']:.2f} ms" if r.get("tp") else "") + ")",
             highlight=False))
         path = be.write_result(res, out_dir)
+        sources = {r["acceptance_source"] for r in res["records"] if r["policy"] != "ar"}
+        accepted = f"acceptance {acceptance}" if sources <= {acceptance} else f"{', '.join(sorted(sources))} acceptance"
         t = Table(title=f"{res['models']['target']} + {res['models']['draft']}, batch {b}, context {c}, "
-                        f"gamma {gamma}, S {budget}, acceptance {acceptance} ({res['environment']['gpu']})")
+                        f"gamma {gamma}, S {budget}, {accepted} ({res['environment']['gpu']})")
         for col in ("policy", "ms/step", "graph sum", "byte floor", "tok/s", "accepted", "vs ar", "vs full"):
             t.add_column(col, justify="left" if col == "policy" else "right")
         for r in res["records"]:

@@ -202,11 +202,15 @@ def _per_sequence(accepted: list[list[int]]) -> dict:
 
 
 def intervals(r: dict, full: dict) -> dict:
-    """95% bootstrap intervals over the windows (sequences) of a run's retention vs full, paired
-    retention and ARR (`dustin_eval.intervals`; empty for records made before they were kept)."""
+    """95% bootstrap intervals over the windows (sequences) of a run's tau, retention vs full, paired
+    retention, paired drafting retention and ARR (`dustin_eval.intervals`; empty for records made
+    before they were kept)."""
     from dustin_eval.intervals import bootstrap, ratio_of_sums
 
     out = {}
+    if r.get("tokens_per_sequence"):  # tokens per step itself (accepted drafts + 1), pooled over the windows
+        _, lo, hi = bootstrap(ratio_of_sums, r["tokens_per_sequence"], r["steps_per_sequence"])
+        out["tau_ci"] = [lo, hi]
     if r.get("tokens_per_sequence") and full.get("tokens_per_sequence"):
         _, lo, hi = bootstrap(lambda t, s, tf, sf: (t.sum() / s.sum()) / (tf.sum() / sf.sum()),
                               r["tokens_per_sequence"], r["steps_per_sequence"], full["tokens_per_sequence"],
@@ -226,7 +230,7 @@ def intervals(r: dict, full: dict) -> dict:
     return out
 
 
-COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "retention", "retention_ci", "paired_retention",
+COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "tau_ci", "retention", "retention_ci", "paired_retention",
            "paired_retention_ci", "agree", "draft_retention", "draft_retention_ci", "arr", "arr_ci", "prefix",
            "full_tau", "lookup_share", "steps")
 
@@ -255,8 +259,9 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
         if not sub:
             continue
         head = f"context {context} ({sub[0]['prompt_tokens']} prompt tokens, {cfg.windows} windows)"
-        for title, fmt in (("tau (retention vs full [95% interval])",
-                            lambda r: f"{r['tau']:.2f} ({r['retention']:.1%}{_ci(r.get('retention_ci'), '.1%')})"),
+        for title, fmt in (("tau [95% interval] (retention vs full [95% interval])",
+                            lambda r: f"{r['tau']:.2f}{_ci(r.get('tau_ci'), '.2f')} "
+                                      f"({r['retention']:.1%}{_ci(r.get('retention_ci'), '.1%')})"),
                            ("paired retention [95% interval] (agree)", lambda r: None if r["paired_retention"] is None
                             else f"{r['paired_retention']:.1%}{_ci(r.get('paired_retention_ci'), '.1%')} "
                                  f"({r['agree']:.0%})"),

@@ -10,7 +10,9 @@
 # default: every step). Steps: pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set
 # pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 (the profile's refresh layers
 # at S = 768 and 1024) acceptance-draft-paired (sparse drafting against full-KV drafting on the same steps:
-# every eval book, 24 windows, into $ACP; not part of the default run).
+# every eval book, 24 windows, into $ACP; not part of the default run) acceptance-lookup (the draft
+# with context lookup, --draft-lookup 4:2, and 4:1 under full verification alone; 24 windows, into $ACP;
+# not part of the default run).
 set -u
 PY=${PY:-python3}
 TARGET=${TARGET:-smollm2}
@@ -25,7 +27,7 @@ refresh=${REFRESH:+--refresh-layers $REFRESH}
 PGO=${PGO:-results/pg19-16x1024}  # output folders (overridable: a device run writes under $OUT)
 ACO=${ACO:-results/acceptance-8x256}
 ACP=${ACP:-results/acceptance-24x256}
-STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired"
+STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -74,5 +76,13 @@ if want_only acceptance-draft-paired; then  # each step drafted twice (set and w
   run $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 24 \
     --max-new-tokens 256 --budgets 512 --policies dustin --draft-kv verify-set --profile $P1 $refresh \
     --out-dir $ACP --name smollm2-draft-verify-set
+fi
+if want_only acceptance-lookup; then
+  echo "== acceptance-lookup"
+  lk="$common --books-dir $BOOKS --contexts 4096,8192 --windows 24 --max-new-tokens 256 --budgets 512 --profile $P1 --out-dir $ACP"
+  run $PY -m dustin.cli eval acceptance $lk $refresh --policies full,dustin --draft-kv verify-set --draft-lookup 4:2 \
+    --name smollm2-draft-lookup4-2
+  run $PY -m dustin.cli eval acceptance $lk --policies full --draft-lookup 4:1 --no-paired --no-arr \
+    --name smollm2-draft-lookup4-1
 fi
 exit $status

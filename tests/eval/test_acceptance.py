@@ -49,6 +49,8 @@ def test_acceptance_runs_resumes_and_writes(setup):
             assert 0 < r["arr"] < 1
         lo, hi = r["retention_ci"]  # 95% bootstrap interval over the 2 windows, around the pooled value
         assert lo - 1e-12 <= r["retention"] <= hi + 1e-12
+        lo, hi = r["tau_ci"]
+        assert 1 <= lo - 1e-12 <= r["tau"] <= hi + 1e-12 <= 4
         if r["policy"] != "full":
             lo, hi = r["arr_ci"]
             assert lo - 1e-12 <= r["arr"] <= hi + 1e-12
