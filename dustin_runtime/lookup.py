@@ -67,8 +67,7 @@ class ContextLookup:
         self.hist = torch.full((batch, capacity), -1, dtype=torch.int32, device=device)  # [B, N]
         self.ptr = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
         self.kernel = torch.device(device).type == "cuda"  # the Triton kernel; its torch twin elsewhere
-        self.copied = torch.zeros(batch, dtype=torch.float64, device=device)  # drafts copied (stats)
-        self.drafts = torch.zeros(batch, dtype=torch.float64, device=device)  # drafts made
+        self.counts = torch.zeros(batch, 2, dtype=torch.int64, device=device)  # drafts copied, made (live rows)
 
     def load(self, prompts: list[list[int]]) -> None:
         """The prompts at positions 0.. (eager, once per call); the statistics start again."""
@@ -78,8 +77,7 @@ class ContextLookup:
             if len(p) > N:
                 raise DustinError(f"prompt {b} has {len(p)} tokens, the lookup holds {N}")
             self.hist[b, : len(p)] = torch.tensor(p, dtype=torch.int32)
-        self.copied.zero_()
-        self.drafts.zero_()
+        self.counts.zero_()
 
     def begin(self) -> None:
         """Start of a step's drafting: the first forward searches."""
@@ -89,24 +87,18 @@ class ContextLookup:
         """hist[b, pos[b]] = tok[b] (pos, tok: [B])."""
         self.hist.scatter_(1, pos.long().view(-1, 1), tok.view(-1, 1).to(torch.int32))
 
-    def propose(self, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The token after position end [B] (the last known one): (hit [B] bool, token [B]); the
-        continuation of the previous forward's copy, else the longest most recent match
-        (`dustin_kernels.lookup_propose`)."""
-        if self.kernel:
-            from dustin_kernels import lookup_propose
+    def draft(self, end: torch.Tensor, model: torch.Tensor, vocab: int,
+              done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft forward: the token after position end [B] (the last known one), copied where
+        the history repeats (the previous forward's copy goes on, else the longest most recent match)
+        and below `vocab`, else the model's [B]; written to the history at end + 1 and counted for
+        the live rows (done [B] bool). Returns (token [B], copied [B] bool); one kernel on CUDA
+        (`dustin_kernels.lookup_draft`), its torch twin elsewhere."""
+        from dustin_kernels import lookup_draft, lookup_draft_ref
 
-            return lookup_propose(self.hist, end, self.ptr, self.cfg.max_ngram, self.cfg.min_ngram)
-        from dustin_kernels import lookup_propose_ref
-
-        return lookup_propose_ref(self.hist, end, self.ptr, self.cfg.max_ngram, self.cfg.min_ngram)
-
-    def chose(self, hit: torch.Tensor, live: torch.Tensor | None = None) -> None:
-        """Count a forward's drafts (hit: copied) for the statistics."""
-        w = torch.ones_like(self.drafts) if live is None else live.double()
-        self.copied += hit.double() * w
-        self.drafts += w
+        fn = lookup_draft if self.kernel else lookup_draft_ref
+        return fn(self.hist, end, self.ptr, model, done, self.counts, self.cfg.max_ngram, self.cfg.min_ngram, vocab)
 
     def summary(self) -> dict:
-        d = self.drafts.sum().item()
-        return {"draft_lookup": self.cfg.label(), "lookup_share": self.copied.sum().item() / d if d else 0.0}
+        copied, made = (int(x) for x in self.counts.sum(0).tolist())
+        return {"draft_lookup": self.cfg.label(), "lookup_share": copied / made if made else 0.0}

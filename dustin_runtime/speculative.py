@@ -194,7 +194,7 @@ def speculative_generate(
         book = loop.book
         st.mutable = [tcache.lengths, dcache.lengths, loop.cur, loop.prev, book.produced, book.done, book.step]
         if loop.lookup is not None:
-            st.mutable += [loop.lookup.hist, loop.lookup.ptr, loop.lookup.copied, loop.lookup.drafts]
+            st.mutable += [loop.lookup.hist, loop.lookup.ptr, loop.lookup.counts]
 
     st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
     hooks, loop = st.objs["hooks"], st.objs["loop"]
@@ -327,13 +327,9 @@ class _SpecLoop:
                 q = probs_from_logits(logits, self.sampling)
                 nxt = sample(q, self.gen, rows=self.drows, batch=self.tcache.batch)
             if self.lookup is not None:  # a copy from the sequence's history where it repeats (one-hot q)
-                hit, copy = self.lookup.propose(L + i)
-                hit = hit & (copy < self.V)
-                nxt = torch.where(hit, copy, nxt)
+                nxt, hit = self.lookup.draft(L + i, nxt, self.V, self.book.done)
                 if not self.sampling.greedy:
                     q = torch.where(hit.view(-1, 1), torch.nn.functional.one_hot(nxt, q.shape[-1]).to(q.dtype), q)
-                self.lookup.write(L + i + 1, nxt)
-                self.lookup.chose(hit, ~self.book.done)
             if not self.sampling.greedy:
                 qs.append(q)
             drafted.append(nxt)

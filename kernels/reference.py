@@ -126,29 +126,41 @@ def select_indices_ref(primary, secondary, cache_lens, *, budget, sinks, window,
     return out
 
 
-def lookup_propose_ref(
-    hist: torch.Tensor,  # [B, N] int32 tokens by position (-1: unknown)
+def lookup_draft_ref(
+    hist: torch.Tensor,  # [B, N] int32 tokens by position (-1: unknown), read and written
     end: torch.Tensor,  # [B]: the last known position
     ptr: torch.Tensor,  # [B] int64, read and written
+    model: torch.Tensor,  # [B] int64: the draft model's tokens
+    done: torch.Tensor,  # [B] bool
+    counts: torch.Tensor,  # [B, 2] int64, added to
     max_ngram: int,
     min_ngram: int,
+    vocab: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`lookup_propose` in torch ops (vectorised over the batch: the runtime's path off CUDA)."""
-    hist = hist.long()
-    B, N = hist.shape
+    """`lookup_draft` in torch ops (vectorised over the batch: the runtime's path off CUDA)."""
+    h = hist.long()
+    B, N = h.shape
     E = end.long().view(-1, 1)  # [B, 1]
-    pos = torch.arange(N, device=hist.device).view(1, -1)
+    pos = torch.arange(N, device=h.device).view(1, -1)
     match = pos < E  # [B, N] candidate ends j < E
-    best = torch.full((B,), -1, dtype=torch.long, device=hist.device)
+    best = torch.full((B,), -1, dtype=torch.long, device=h.device)
     for k in range(max_ngram):  # the k-th token back: hist[j - k] == hist[E - k]
-        back = hist if k == 0 else torch.nn.functional.pad(hist, (k, 0), value=-1)[:, :N]
-        want = torch.where(E - k >= 0, hist.gather(1, (E - k).clamp_min(0)), -2)  # [B, 1]
+        back = h if k == 0 else torch.nn.functional.pad(h, (k, 0), value=-1)[:, :N]
+        want = torch.where(E - k >= 0, h.gather(1, (E - k).clamp_min(0)), -2)  # [B, 1]
         match = match & (back == want)
         if k + 1 >= min_ngram:  # a longer match overrides a shorter one
             last = torch.where(match, pos, -1).amax(1)  # [B] the most recent
             best = torch.where(last >= 0, last, best)
     new = torch.where(ptr >= 0, ptr + 1, torch.where(best >= 0, best + 1, -1))
-    ptr.copy_(new)
-    hit = new >= 0
-    tok = hist.gather(1, new.clamp_min(0).view(-1, 1)).view(-1)
-    return hit, torch.where(hit, tok, 0)
+    copy = h.gather(1, new.clamp_min(0).view(-1, 1)).view(-1)
+    hit = (new >= 0) & (copy < vocab)
+    tok = torch.where(hit, copy, model)
+    ptr.copy_(torch.where(hit, new, -1))
+    at = (E.view(-1) + 1).clamp_max(N - 1)
+    keep = E.view(-1) + 1 < N
+    hist.scatter_(1, at.view(-1, 1), torch.where(keep, tok, hist.gather(1, at.view(-1, 1)).view(-1).long())
+                  .to(hist.dtype).view(-1, 1))
+    live = ~done
+    counts[:, 0] += (hit & live).long()
+    counts[:, 1] += live.long()
+    return tok, hit

@@ -34,37 +34,40 @@ def ref_next(known: list[int], ptr: int, nmax: int, nmin: int) -> int:
 
 
 @pytest.mark.parametrize("nmax,nmin", [(4, 2), (3, 1), (1, 1), (5, 5)])
-def test_proposals_equal_the_plain_search(nmax, nmin):
+def test_drafts_equal_the_plain_search_over_steps(nmax, nmin):
+    """Several steps of the loop's use: gamma draft forwards (copies, else the model's token), then a
+    commit of some drafts and a new token; the history and every choice follow the plain search."""
     rng = random.Random(nmax * 10 + nmin)
-    B, N, steps, gamma = 5, 61, 6, 3
+    B, N, steps, gamma, V = 5, 61, 6, 3, 5
     lens = [1, 2, 7, 13, 30]  # prompts from one token on (no match possible at first)
     hists = [[rng.randrange(3 if b % 2 else 5) for _ in range(n)] for b, n in enumerate(lens)]
     look = ContextLookup(LookupConfig(nmax, nmin), B, N, "cpu")
     look.load(hists)
     L = [n - 1 for n in lens]  # cur sits at L
+    made = copied = 0
     for _ in range(steps):
         look.begin()
         ptrs = [-1] * B
         for i in range(gamma):
-            hit, tok = look.propose(torch.tensor(L) + i)
-            drafted = []
+            model = [rng.randrange(V) for _ in range(B)]
+            tok, hit = look.draft(torch.tensor(L) + i, torch.tensor(model), V, torch.zeros(B, dtype=torch.bool))
             for b in range(B):
                 known = hists[b][: L[b] + i + 1]
                 ptrs[b] = ref_next(known, ptrs[b], nmax, nmin)
                 assert bool(hit[b]) == (ptrs[b] >= 0), (b, i)
-                if ptrs[b] >= 0:
-                    assert int(tok[b]) == known[ptrs[b]]
-                choice = int(tok[b]) if ptrs[b] >= 0 else rng.randrange(5)  # the model's token otherwise
-                drafted.append(choice)
+                choice = known[ptrs[b]] if ptrs[b] >= 0 else model[b]
+                assert int(tok[b]) == choice
                 hists[b] = known + [choice]
-            look.write(torch.tensor(L) + i + 1, torch.tensor(drafted))
+                made, copied = made + 1, copied + (ptrs[b] >= 0)
         for b in range(B):  # commit a few drafts and a new token, as the loop does
             n = rng.randrange(gamma + 1)
-            hists[b] = hists[b][: L[b] + n + 1] + [rng.randrange(5)]
+            hists[b] = hists[b][: L[b] + n + 1] + [rng.randrange(V)]
             L[b] += n + 1
         look.write(torch.tensor(L), torch.tensor([hists[b][L[b]] for b in range(B)]))
         for b in range(B):
             assert look.hist[b, : L[b] + 1].tolist() == hists[b][: L[b] + 1]
+    assert look.summary()["lookup_share"] == pytest.approx(copied / made) and copied < made
+    assert copied > 0 or nmin == 5  # short alphabets repeat: copies happen unless 5 tokens must match
 
 
 @pytest.fixture
