@@ -88,7 +88,7 @@ repro-evals-gpu: .stamp-install
 
 # The draft with context lookup and paired drafting, 24 eval windows x 256 tokens at 4k / 8k (GPU):
 # results/acceptance-24x256; and the SmolLM2 pair end to end with real acceptance, with and without
-# the lookup (GPU): results/bench/lookup-64849a4/smol
+# the lookup (GPU): results/bench/lookup-3b28db1/smol
 .PHONY: repro-lookup bench-e2e-smollm2
 repro-lookup: .stamp-install
 	ONLY="acceptance-draft-paired acceptance-lookup" PY=$(PY) bash scripts/gpu_evals.sh

@@ -5,13 +5,14 @@ At each draft forward of a step, the lookup searches the sequence's tokens so fa
 tokens, this step's drafts) for the most recent earlier occurrence of its last n tokens, longest n
 first from `max_ngram` down to `min_ngram`; on a match it proposes the token that followed that
 occurrence, and the step's next forwards go on copying the same occurrence (a chunk, as long as the
-step drafts). Without a match the draft model's token is taken, and the next forward searches again.
+step drafts). Without a match (or where the copy is outside the common vocabulary) the draft model's
+token is taken, and the next forward searches again.
 The draft model runs every forward either way (its cache rows and, for dustin, its lookahead
 attention are over the tokens actually proposed).
 
 Long-context text quotes itself (names, phrases, repeated lines; a greedy small target repeats its
-own output), and the draft model cannot always copy: the lookup costs no weights and a few small
-kernels per forward. Sampling stays exact: a copied token is a proposal with probability 1 (the draft
+own output), and the draft model cannot always copy: the lookup costs no weights and one kernel per
+draft forward (`dustin_kernels.lookup_draft`). Sampling stays exact: a copied token is a proposal with probability 1 (the draft
 distribution of that position is one-hot), so rejection sampling accepts it with probability p(token)
 and resamples from the rest of p otherwise.
 
