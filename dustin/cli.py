@@ -314,6 +314,8 @@ def bench_e2e(
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
+    if draft_lookup is not None and tp is not None:
+        raise DustinError("--draft-lookup runs in one process (not under --tp)")
     group = _start_tp(tp, "cuda", tp_select)
     for cfg in cfgs:
         b, c = cfg.batch, cfg.context

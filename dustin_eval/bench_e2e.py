@@ -505,7 +505,11 @@ def result_path(out_dir: Path, res: dict) -> Path:
     name = c["target"].rstrip("/").split("/")[-1].lower()
     tp = f"-tp{c['tp']}" if c.get("tp", 1) > 1 else ""
     dv = f"-dv{c['draft_vocab'].rpartition(':')[2]}" if c.get("draft_vocab") else ""  # vocabulary-subset draft head
-    lk = f"-lookup{c['draft_lookup'].replace(':', '-')}" if c.get("draft_lookup") else ""  # context lookup
+    lk = ""
+    if c.get("draft_lookup"):  # context lookup: -lookupMAX-MIN
+        from dustin_runtime.lookup import LookupConfig
+
+        lk = "-lookup" + LookupConfig.parse(c["draft_lookup"]).label().replace(":", "-")
     return Path(out_dir) / f"e2e-{name}-{c['context']}-{c['batch']}{tp}{dv}{lk}.json"
 
 

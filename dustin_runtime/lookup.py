@@ -69,6 +69,7 @@ class ContextLookup:
         self.ptr = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
         self.kernel = torch.device(device).type == "cuda"  # the Triton kernel; its torch twin elsewhere
         self.counts = torch.zeros(batch, 2, dtype=torch.int64, device=device)  # drafts copied, made (live rows)
+        self.uncounted = torch.zeros_like(self.counts)  # where a shadow drafting's counts go
 
     def load(self, prompts: list[list[int]]) -> None:
         """The prompts at positions 0.. (eager, once per call); the statistics start again."""
@@ -88,18 +89,19 @@ class ContextLookup:
         """hist[b, pos[b]] = tok[b] (pos, tok: [B])."""
         self.hist.scatter_(1, pos.long().view(-1, 1), tok.view(-1, 1).to(torch.int32))
 
-    def draft(self, end: torch.Tensor, model: torch.Tensor, vocab: int,
-              done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft(self, end: torch.Tensor, model: torch.Tensor, vocab: int, done: torch.Tensor,
+              counted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward: the token after position end [B] (the last known one), copied where
         the history repeats (the previous forward's copy goes on, else the longest most recent match)
         and below `vocab`, else the model's [B]; written to the history at end + 1 and counted for
-        the live rows (done [B] bool). Returns (token [B], copied [B] bool); one kernel on CUDA
-        (`dustin_kernels.lookup_draft`), its torch twin elsewhere."""
+        the live rows (done [B] bool) unless not `counted` (a shadow drafting). Returns (token [B],
+        copied [B] bool); one kernel on CUDA (`dustin_kernels.lookup_draft`), its torch twin elsewhere."""
         from dustin_kernels import lookup_draft, lookup_draft_ref
 
         fn = lookup_draft if self.kernel else lookup_draft_ref
-        return fn(self.hist, end, self.ptr, model, done, self.counts, self.cfg.max_ngram, self.cfg.min_ngram, vocab)
+        counts = self.counts if counted else self.uncounted
+        return fn(self.hist, end, self.ptr, model, done, counts, self.cfg.max_ngram, self.cfg.min_ngram, vocab)
 
     def summary(self) -> dict:
         copied, made = (int(x) for x in self.counts.sum(0).tolist())
-        return {"draft_lookup": self.cfg.label(), "lookup_share": copied / made if made else 0.0}
+        return {"draft_lookup": self.cfg.label(), "lookup_share": copied / made if made else 0.0, "lookup_drafts": made}

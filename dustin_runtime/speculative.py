@@ -297,7 +297,7 @@ class _SpecLoop:
         the token choice of each; the draft's cache ends at L + gamma (d_gamma is never fed). A shadow
         drafting (`SpecHooks.shadow_backend`) runs first over the same rows, which the real one rewrites."""
         if self.shadow is not None:
-            e, _ = self._draft(self.shadow)
+            e, _ = self._draft(self.shadow, shadow=True)
             self.hooks.shadow_drafted(torch.cat([self.cur.view(-1, 1), e], dim=1))
         self.hooks.before_draft()
         d, qs = self._draft(self.d_backend)
@@ -305,9 +305,9 @@ class _SpecLoop:
                          q=torch.stack(qs, dim=1) if qs else None)
         self.hooks.drafted(self.step["vt"])
 
-    def _draft(self, backend: AttentionBackend) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _draft(self, backend: AttentionBackend, shadow: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The gamma forwards through `backend`: drafts [B, gamma] and, when sampling, their
-        distributions (one [b, V] per draft)."""
+        distributions (one [b, V] per draft); a `shadow` drafting is left out of the lookup's counts."""
         L = self.tcache.lengths[self.rows]  # [b] committed rows (cur sits at L)
         self.dcache.set_lengths((L - 1).clamp_min(0))  # at L = 0 (a one-token prompt): [cur, cur] from 0
         tok = torch.stack([self.prev[self.rows], self.cur[self.rows]], dim=1)  # [b, 2]
@@ -327,7 +327,7 @@ class _SpecLoop:
                 q = probs_from_logits(logits, self.sampling)
                 nxt = sample(q, self.gen, rows=self.drows, batch=self.tcache.batch)
             if self.lookup is not None:  # a copy from the sequence's history where it repeats (one-hot q)
-                nxt, hit = self.lookup.draft(L + i, nxt, self.V, self.book.done)
+                nxt, hit = self.lookup.draft(L + i, nxt, self.V, self.book.done, counted=not shadow)
                 if not self.sampling.greedy:
                     q = torch.where(hit.view(-1, 1), torch.nn.functional.one_hot(nxt, q.shape[-1]).to(q.dtype), q)
             if not self.sampling.greedy:

@@ -395,6 +395,7 @@ CASES = {
     "decode-draft-vocab-not-counts": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
                                        "--draft-vocab", "{X}/file.txt:8"], ["not a token-counts JSON"]),
     "bench-e2e-draft-lookup-zero": (["bench", "e2e", "--draft-lookup", "0"], ["1 <= min <= max"]),
+    "bench-e2e-draft-lookup-tp": (["bench", "e2e", "--draft-lookup", "4", "--tp", "2"], ["one process"]),
     "decode-draft-lookup-no-draft": (["decode", "--target", "{T}", "--prompt", "a", "--draft-lookup", "4"],
                                      ["give --draft"]),
     "decode-draft-lookup-garbage": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",

@@ -94,6 +94,24 @@ def test_greedy_with_lookup_emits_the_targets_tokens(pair, policy):
     assert x["draft_lookup"] == "4:1" and 0 < x["lookup_share"] <= 1
 
 
+def test_paired_drafting_with_lookup_counts_the_real_drafts_only(pair):
+    """The shadow drafting (paired drafting) copies too, but only the real drafts are counted, and the
+    tokens are those of the run without the shadow."""
+    target, draft = pair
+    cfg = SparseConfig.all_heads(target.cfg, draft.cfg, 8, sinks=1, window=3)
+    cfg = SparseConfig(**{**cfg.__dict__, "draft_kv": "verify-set"})
+    g = torch.Generator().manual_seed(8)
+    motif = torch.randint(0, 131, (7,), generator=g).tolist()
+    prompts = [motif * 5, motif[:4] * 6 + [1, 2]]
+    runs = [speculative_generate(target, draft, prompts, 15, gamma=3, lookup=LookupConfig(4, 1),
+                                 hooks=make_policy("dustin", cfg, target=target, draft=draft, paired=paired))
+            for paired in (False, True)]
+    assert runs[0].tokens == runs[1].tokens
+    a, b = (r.stats.extra for r in runs)
+    assert "draft_retention" in b and a["lookup_drafts"] == b["lookup_drafts"] > 0
+    assert a["lookup_share"] == b["lookup_share"] > 0
+
+
 def test_lookup_is_refused_under_tensor_parallel_and_parses():
     assert LookupConfig.parse("4") == LookupConfig(4, 2)
     assert LookupConfig.parse("1") == LookupConfig(1, 1)
