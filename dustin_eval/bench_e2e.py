@@ -104,6 +104,12 @@ class E2EConfig:
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
     draft_lookup: str | None = None  # context lookup beside the draft (MAX[:MIN]), every speculative policy
 
+    def lookup(self):
+        """The parsed `draft_lookup` (a LookupConfig), or None."""
+        from dustin_runtime.lookup import LookupConfig
+
+        return None if self.draft_lookup is None else LookupConfig.parse(self.draft_lookup)
+
     def check(self) -> None:
         known = POLICIES + REFRESH_POLICIES + CHANNEL_POLICIES
         bad = [p for p in self.policies if p not in known]
@@ -134,12 +140,7 @@ class E2EConfig:
         if shape is not None and self.score_channels > shape.head_dim:
             raise DustinError(f"--score-channels {self.score_channels} exceeds the head dim {shape.head_dim} of "
                               f"{self.target}")
-        if self.draft_lookup is not None:
-            from dustin_runtime.lookup import LookupConfig
-
-            LookupConfig.parse(self.draft_lookup)
-            if self.tp > 1:
-                raise DustinError("--draft-lookup runs in one process (not under --tp)")
+        self.lookup()  # a bad --draft-lookup is refused here, before any GPU work
         if self.refresh_kv_heads and not self.refresh_layers:
             raise DustinError("--refresh-kv-heads applies to refresh layers: give --refresh-layers")
         if shape is not None and not 0 <= self.refresh_kv_heads <= shape.num_kv_heads:
@@ -319,14 +320,9 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
         scfg = replace(scfg, score_channels=random_channels(pair.target.cfg, cfg.score_channels, cfg.seed))
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
-    lookup = None
-    if cfg.draft_lookup is not None:
-        from dustin_runtime.lookup import LookupConfig
-
-        lookup = LookupConfig.parse(cfg.draft_lookup)
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
                                 eos_ids=pair.eos, engine=eng, prefilled=pre,
-                                replay=None if counts is None else AcceptReplay(counts), lookup=lookup)
+                                replay=None if counts is None else AcceptReplay(counts), lookup=cfg.lookup())
 
 
 @torch.inference_mode()

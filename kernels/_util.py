@@ -11,7 +11,7 @@ import os
 import torch
 
 LOG2E = 1.4426950408889634  # log2(e): the kernels' softmax runs in base 2 (exp2 of logits x scale x LOG2E)
-_LOCKS: dict[tuple[str, str, int | None], torch.Tensor] = {}
+_LOCKS: dict[tuple[str, str, int | None], torch.Tensor] = {}  # (name, device type, index) -> counters
 _RETIRED: list[torch.Tensor] = []  # grown-out lock buffers stay alive: captured graphs hold their address
 
 
@@ -58,8 +58,9 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9 and _triton_has_pdl()
 
 
-def ticket_counters(device: torch.device, n: int, name: str = "attention") -> torch.Tensor:
-    """n int32 counters that are zero between launches (each kernel resets what it used).
+def ticket_counters(device: torch.device, n: int, name: str = "attention",
+                    dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """n counters (int32 unless `dtype`) that are zero between launches (each kernel resets what it used).
 
     One buffer per (device, name): kernels of one name may share counters since a stream runs them
     one after the other.
@@ -69,12 +70,13 @@ def ticket_counters(device: torch.device, n: int, name: str = "attention") -> to
     """
     key = (name, device.type, device.index)
     buf = _LOCKS.get(key)
+    require(buf is None or buf.dtype == dtype, f"counters {name!r} are {None if buf is None else buf.dtype}, asked for {dtype}")
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise KernelArgumentError("dustin_kernels: run each kernel once before CUDA graph capture (warm-up)")
         if buf is not None:
             _RETIRED.append(buf)
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        buf = torch.zeros(max(n, 4096), dtype=dtype, device=device)
         _LOCKS[key] = buf
     return buf
 

@@ -98,7 +98,7 @@ def lookup_draft(
     require(block >= 16 and block & (block - 1) == 0, "block must be a power of two >= 16")
     tok = torch.empty(B, dtype=torch.int64, device=hist.device)
     hit = torch.empty(B, dtype=torch.bool, device=hist.device)
-    best = _scratch(hist.device, B)
+    best = ticket_counters(hist.device, B, name="lookup-best", dtype=torch.int64)  # best score + 1 (0: none)
     locks = ticket_counters(hist.device, B, name="lookup")
     n_blocks = cdiv(N, block)
     _lookup_kernel[(n_blocks, B)](hist, end.contiguous(), ptr, model.contiguous(), done.contiguous(), counts, tok, hit,
@@ -106,19 +106,3 @@ def lookup_draft(
                                   NMAX=max_ngram, NMIN=min_ngram, NP2=max(2, next_pow2(max_ngram)), BLOCK=block,
                                   num_warps=4)
     return tok, hit
-
-
-_BEST: dict = {}
-
-
-def _scratch(device: torch.device, n: int) -> torch.Tensor:
-    """n int64 best-score slots that are zero between launches (the kernel resets what it used);
-    grown outside CUDA graph capture only (the launcher's first call is a warm-up)."""
-    key = (device.type, device.index)
-    buf = _BEST.get(key)
-    if buf is None or buf.numel() < n:
-        require(not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()),
-                "dustin_kernels: run lookup_draft once before CUDA graph capture (warm-up)")
-        buf = torch.zeros(max(n, 1024), dtype=torch.int64, device=device)
-        _BEST[key] = buf
-    return buf

@@ -156,10 +156,8 @@ def lookup_draft_ref(
     hit = (new >= 0) & (copy < vocab)
     tok = torch.where(hit, copy, model)
     ptr.copy_(torch.where(hit, new, -1))
-    at = (E.view(-1) + 1).clamp_max(N - 1)
-    keep = E.view(-1) + 1 < N
-    hist.scatter_(1, at.view(-1, 1), torch.where(keep, tok, hist.gather(1, at.view(-1, 1)).view(-1).long())
-                  .to(hist.dtype).view(-1, 1))
+    rows = (E.view(-1) + 1 < N).nonzero().view(-1)  # as the kernel: a history full to its end takes no write
+    hist[rows, E.view(-1)[rows] + 1] = tok[rows].to(hist.dtype)
     live = ~done
     counts[:, 0] += (hit & live).long()
     counts[:, 1] += live.long()
