@@ -67,7 +67,9 @@ class ContextLookup:
         self.cfg = cfg
         self.hist = torch.full((batch, capacity), -1, dtype=torch.int32, device=device)  # [B, N]
         self.ptr = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
-        self.kernel = torch.device(device).type == "cuda"  # the Triton kernel; its torch twin elsewhere
+        from dustin_kernels import lookup_draft, lookup_draft_ref
+
+        self.fn = lookup_draft if torch.device(device).type == "cuda" else lookup_draft_ref  # Triton on CUDA
         self.counts = torch.zeros(batch, 2, dtype=torch.int64, device=device)  # drafts copied, made (live rows)
         self.uncounted = torch.zeros_like(self.counts)  # where a shadow drafting's counts go
 
@@ -96,11 +98,8 @@ class ContextLookup:
         and below `vocab`, else the model's [B]; written to the history at end + 1 and counted for
         the live rows (done [B] bool) unless not `counted` (a shadow drafting). Returns (token [B],
         copied [B] bool); one kernel on CUDA (`dustin_kernels.lookup_draft`), its torch twin elsewhere."""
-        from dustin_kernels import lookup_draft, lookup_draft_ref
-
-        fn = lookup_draft if self.kernel else lookup_draft_ref
         counts = self.counts if counted else self.uncounted
-        return fn(self.hist, end, self.ptr, model, done, counts, self.cfg.max_ngram, self.cfg.min_ngram, vocab)
+        return self.fn(self.hist, end, self.ptr, model, done, counts, self.cfg.max_ngram, self.cfg.min_ngram, vocab)
 
     def summary(self) -> dict:
         copied, made = (int(x) for x in self.counts.sum(0).tolist())
