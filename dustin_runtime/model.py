@@ -194,7 +194,6 @@ class Transformer(nn.Module):
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
         self.fused = False  # fused Triton layer ops (set by `use_kernels`; CUDA only)
         self.skinny = False  # and the linears of forwards of <= skinny.ROUTE_ROWS rows fused with them
-        self.tail = False  # and, on that path, each layer after its attention as one `layer_tail` kernel
         self.head_ids: torch.Tensor | None = None  # [V'] int64: the LM head's vocabulary subset (restrict_head)
         self.head_w: torch.Tensor | None = None  # [V', d]: its rows of the LM head
 
@@ -207,7 +206,6 @@ class Transformer(nn.Module):
         self.fused = on and runnable and d >= 8 and d & (d - 1) == 0
         self.skinny = self.fused and self.tp is None and self.dtype in (torch.bfloat16, torch.float16,
                                                                         torch.float32)
-        self.tail = self.skinny
         return self
 
     def restrict_head(self, ids: torch.Tensor | None) -> Transformer:
@@ -308,8 +306,6 @@ class Transformer(nn.Module):
             rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
         backend.begin(ctx)
-        if rope.skinny and self.tail:
-            return self._forward_tail(tokens, cache, backend, rope, ctx, logits, local_vocab)
         x, pending = self.embed_tokens(tokens), None  # [B, T, d]
         for i, block in enumerate(self.layers):
             x, pending = block(x, i, rope, cache, backend, ctx, pending)
@@ -331,33 +327,4 @@ class Transformer(nn.Module):
             out = self.logits(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1])
         else:
             out = self.logits(self.norm(x))
-        return out if local_vocab else self.gather_vocab(out)
-
-    def _forward_tail(self, tokens, cache, backend, rope, ctx, logits, local_vocab):
-        """A forward of few rows as 2 kernels a layer: its attention, then `layer_tail` (wo, the
-        residual adds, both norms, the MLP and the next layer's qkv projection, or the final norm)."""
-        from dustin_kernels.layer_ops import rms_norm
-        from dustin_kernels.layer_tail import layer_tail
-        from dustin_kernels.skinny import skinny_linear
-
-        B, T = tokens.shape
-        layers, eps = self.layers, self.cfg.rms_eps
-        x = self.embed_tokens(tokens)  # [B, T, d]
-        first = layers[0].attn.wqkv
-        qkv = skinny_linear(rms_norm(x, layers[0].attn_norm.weight, eps), first.weight, bias=first.bias)
-        for i, block in enumerate(layers):
-            o = block.attn.attend_qkv(qkv, i, rope, cache, backend, ctx)  # [B, T, H D]
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            x, qkv = layer_tail(  # qkv: the next layer's [B, T, (H + 2G) D]; after the last, the normed x [B, T, d]
-                o, x, block.attn.wo.weight, block.ffn_norm.weight, block.ffn.w13.weight, block.ffn.w2.weight,
-                nxt.attn_norm.weight if nxt is not None else self.norm.weight,
-                nxt.attn.wqkv.weight if nxt is not None else None,
-                eps=eps, bo=block.attn.wo.bias, next_b=nxt.attn.wqkv.bias if nxt is not None else None,
-            )
-        backend.end(ctx)
-        if logits == "none":
-            return None
-        if logits == "last":
-            qkv = qkv[:, -1:]
-        out = self.logits(qkv)
         return out if local_vocab else self.gather_vocab(out)

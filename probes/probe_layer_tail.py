@@ -4,7 +4,8 @@ Qwen2.5-0.5B draft's shapes in bf16: one CUDA graph over 24 layers' distinct wei
 between layers, as a forward runs them), 16 and 32 rows; then launch variants of the kernel (grid
 size, columns per tile, K step, stages, warps, one launch vs a launch per phase). Each variant is
 checked against the torch twin. `python probes/probe_layer_tail.py [rows,...] [layers]`
--> $OUT/probe-layer-tail.json"""
+-> $OUT/probe-layer-tail.json. Runs against commit e81a066: `dustin_kernels.layer_tail` was removed
+after this probe measured it slower than the skinny path (kernels/NOTES.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Probe: where a draft decode forward spends its time (Qwen2.5-0.5B shape, batch 16, 32k context,
 random weights, CUDA graph), per kernel from the torch profiler, against its byte floor: over the
 whole cache (`full`) and over a verification set of S + 2 gamma + 1 rows (`verify-set`, what
-`--draft-kv verify-set` attends); with each layer after its attention as one `layer_tail` kernel
-(the runtime's path), or its linears through `skinny_linear` (`-skinny`) or cuBLAS, with and
+`--draft-kv verify-set` attends); with the linears through cuBLAS or `skinny_linear`, with and
 without programmatic dependent launches; and the loop's first forward of a step, two tokens
 ([prev, cur], `verify-set-T2`). `python probes/profile_draft_forward.py [batch] [context] [rows] [modes]`
 (modes: comma-separated names, default all)."""
@@ -46,17 +45,14 @@ def main(batch=16, context=32768, rows=521, modes=""):
     import dustin_kernels.skinny as sk
 
     pdl = sk.pdl_supported
-    runs = (("full", TritonAttention(), True, True, 1, True), ("verify-set-cublas", SetAttention(idx), False, True, 1, False),
-            ("verify-set-nopdl", SetAttention(idx), True, False, 1, False),
-            ("verify-set-skinny", SetAttention(idx), True, True, 1, False),
-            ("verify-set-T2-skinny", SetAttention(idx), True, True, 2, False),
-            ("verify-set", SetAttention(idx), True, True, 1, True), ("verify-set-T2", SetAttention(idx), True, True, 2, True))
-    for name, be, skinny, use_pdl, T, tail in runs:
+    runs = (("full", TritonAttention(), True, True, 1), ("verify-set-cublas", SetAttention(idx), False, True, 1),
+            ("verify-set-nopdl", SetAttention(idx), True, False, 1), ("verify-set", SetAttention(idx), True, True, 1),
+            ("verify-set-T2", SetAttention(idx), True, True, 2))
+    for name, be, skinny, use_pdl, T in runs:
         if modes and name not in modes.split(","):
             continue
         tok = toks[T]
         model.skinny = skinny  # the linears through skinny_linear (the runtime's choice) or cuBLAS
-        model.tail = tail  # each layer after its attention as one layer_tail kernel (the runtime's choice)
         sk.pdl_supported = lo.pdl_supported = pdl if use_pdl else (lambda device: False)
         def fwd(be=be, tok=tok):
             cache.lengths.fill_(context)

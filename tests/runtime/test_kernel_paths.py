@@ -57,42 +57,33 @@ def test_speculative_with_kernels_equals_reference(tiny_hf):
     assert a.tokens == b.tokens
 
 
-@pytest.mark.parametrize("kind,tail", [("qwen2", False), ("mistral", False), ("qwen2", True), ("mistral", True)])
-def test_skinny_path_matches_reference(tiny_hf, kind, tail, monkeypatch):
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_skinny_path_matches_reference(tiny_hf, kind, monkeypatch):
     """Forwards of <= 32 rows run wo and the MLP through `skinny_linear` (partial sums into the next
-    norm), or with `tail` each layer after its attention as one `layer_tail` kernel (and the first
-    qkv through `skinny_linear`); the logits of every position and of the last one match the
-    reference path's."""
-    import dustin_kernels.layer_tail as lt
+    norm); the logits of every position and of the last one match the reference path's."""
     import dustin_kernels.skinny as sk
 
     folder, _ = tiny_hf(kind, seed=35)
     ref, _ = load_model(str(folder))
     fast, _ = load_model(str(folder))
     fast.use_kernels()
-    assert fast.skinny and fast.tail
-    fast.tail = tail
-    calls, tails = [], []
-    real, real_tail = sk.skinny_linear, lt.layer_tail
+    assert fast.skinny
+    calls = []
+    real = sk.skinny_linear
     monkeypatch.setattr(sk, "skinny_linear", lambda *a, **k: calls.append(k) or real(*a, **k))
-    monkeypatch.setattr(lt, "layer_tail", lambda *a, **k: tails.append(k) or real_tail(*a, **k))
     g = torch.Generator().manual_seed(36)
     tokens = torch.randint(0, 131, (3, 16), generator=g)
     c1, c2 = ref.allocate_cache(3, 40), fast.allocate_cache(3, 40)
     ref(tokens[:, :11], c1, TorchAttention(), phase="prefill", kv_len=11, logits="none")
     fast(tokens[:, :11], c2, TritonAttention(), phase="prefill", kv_len=11, logits="none")  # 33 rows: cuBLAS
-    assert not calls and not tails
+    assert not calls
     c1.advance(11), c2.advance(11)
     for logits in ("all", "last"):  # 3 x 5 = 15 rows: skinny
         a = ref(tokens[:, 11:], c1, TorchAttention(), phase="verify", logits=logits)
         b = fast(tokens[:, 11:], c2, TritonAttention(), phase="verify", logits=logits)
         assert a.shape == b.shape and (a - b).abs().max() <= 1e-4
-    L = fast.cfg.num_layers
-    if tail:
-        assert len(calls) == 2 and len(tails) == 2 * L and tails[-1]["next_b"] is None
-    else:
-        assert len(calls) == 2 * 4 * L and any(k.get("swiglu") for k in calls) and not tails
-    calls.clear(), tails.clear()
+    assert len(calls) == 2 * 4 * fast.cfg.num_layers and any(k.get("swiglu") for k in calls)
+    calls.clear()
     fast(tokens[:, :10], fast.allocate_cache(3, 40), TritonAttention(), phase="prefill", kv_len=10,
          logits="none")  # 30 rows: skinny
-    assert (len(calls), len(tails)) == ((1, L) if tail else (4 * L, 0))
+    assert len(calls) == 4 * fast.cfg.num_layers
