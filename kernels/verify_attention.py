@@ -87,7 +87,7 @@ def _verify_attn_kernel(
     G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
     SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr, GDC: tl.constexpr = False,
-    ROPE_QKV: tl.constexpr = False,
+    ROPE_QKV: tl.constexpr = False, EARLY: tl.constexpr = False, NS: tl.constexpr = 0,
 ):
     split = tl.program_id(0)
     g = tl.program_id(1)
@@ -110,10 +110,19 @@ def _verify_attn_kernel(
     if SPARSE:
         hi = tl.minimum(lo + chunk, n_cols)
         ib = IDX + b64 * sib + g64 * sig
+    if EARLY:  # the first block of indexed context rows (and the lengths) before the wait: see the module doc
+        offs0 = lo + tl.arange(0, BLOCK_N)
+        rows0 = tl.load(ib + offs0 * sis, mask=offs0 < hi, other=-1)
+        valid0 = rows0 >= 0
+        kv0 = valid0[:, None] & dmask[None, :]
+        k0 = tl.load(kb + rows0[:, None] * skn + rd[None, :] * skd, mask=kv0, other=0.0).to(tl.float32)
+        v0 = tl.load(vb + rows0[:, None] * svn + rd[None, :] * svd, mask=kv0, other=0.0).to(tl.float32)
+        L = tl.load(LENS + b)
     if GDC:  # programmatic dependent launch: everything below may depend on the previous kernel
         gdc_wait()
         gdc_launch_dependents()
-    L = tl.load(LENS + b)
+    if not EARLY:
+        L = tl.load(LENS + b)
     rn = tl.arange(0, BLOCK_NEW)
     n_new = M - M * tl.minimum(split, 1)  # M for split 0, else 0
     nmask = (rn < n_new)[:, None] & dmask[None, :]
@@ -160,7 +169,11 @@ def _verify_attn_kernel(
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     if not SPARSE:
         hi = tl.minimum(lo + chunk, L)
-    for start in range(lo, hi, BLOCK_N):
+    first = lo
+    if EARLY:
+        m_i, l_i, acc = _update(q, k0, v0, valid0[None, :], m_i, l_i, acc, qk_scale, DT, PREC)
+        first = lo + BLOCK_N
+    for start in range(first, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         if SPARSE:
             rows = tl.load(ib + offs * sis, mask=offs < hi, other=-1)
@@ -190,20 +203,37 @@ def _verify_attn_kernel(
         tl.debug_barrier()  # every thread's partial is written before the ticket (release)
         ticket = tl.atomic_add(LOCKS + pair, 1, sem="acq_rel")
         if ticket == n_splits - 1:  # last to arrive: combine all partials of (b, g)
-            m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
-            l_r = tl.zeros([BLOCK_Q], tl.float32)
-            a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-            for s in tl.range(0, n_splits, num_stages=1):  # serial: a pipelined combine was not faster
-                ws = (pair * n_splits + s).to(tl.int64)
-                m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rl, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
-                l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rl, mask=qrow, other=0.0, cache_modifier=".cg")
-                a_s = tl.load(WACC + ws * (BLOCK_Q * BLOCK_D) + wq, mask=omask, other=0.0, cache_modifier=".cg")
-                m_n = tl.maximum(m_r, m_s)
-                c_r = tl.exp2(m_r - m_n)
-                c_s = tl.exp2(m_s - m_n)
-                l_r = l_r * c_r + l_s * c_s
-                a_r = a_r * c_r[:, None] + a_s * c_s[:, None]
-                m_r = m_n
+            if NS > 0:  # every partial in one load (small tiles): one round trip instead of one per split
+                rs = tl.arange(0, NS)
+                ws = (pair * n_splits + rs).to(tl.int64)
+                sm = (rs < n_splits)[:, None] & qrow[None, :]  # [NS, BQ]
+                m_s = tl.load(WML + ws[:, None] * (2 * BLOCK_Q) + rl[None, :], mask=sm, other=NEG_BIG,
+                              cache_modifier=".cg")
+                l_s = tl.load(WML + ws[:, None] * (2 * BLOCK_Q) + BLOCK_Q + rl[None, :], mask=sm, other=0.0,
+                              cache_modifier=".cg")
+                a_s = tl.load(WACC + ws[:, None, None] * (BLOCK_Q * BLOCK_D) + wq[None, :, :],
+                              mask=sm[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
+                m_r = tl.max(m_s, 0)  # [BQ]
+                c_s = tl.exp2(m_s - m_r[None, :])  # [NS, BQ]
+                l_r = tl.sum(l_s * c_s, 0)
+                a_r = tl.sum(a_s * c_s[:, :, None], 0)
+            else:
+                m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
+                l_r = tl.zeros([BLOCK_Q], tl.float32)
+                a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+                for s in tl.range(0, n_splits, num_stages=1):  # serial: a pipelined combine was not faster
+                    ws = (pair * n_splits + s).to(tl.int64)
+                    m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rl, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
+                    l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rl, mask=qrow, other=0.0,
+                                  cache_modifier=".cg")
+                    a_s = tl.load(WACC + ws * (BLOCK_Q * BLOCK_D) + wq, mask=omask, other=0.0,
+                                  cache_modifier=".cg")
+                    m_n = tl.maximum(m_r, m_s)
+                    c_r = tl.exp2(m_r - m_n)
+                    c_s = tl.exp2(m_s - m_n)
+                    l_r = l_r * c_r + l_s * c_s
+                    a_r = a_r * c_r[:, None] + a_s * c_s[:, None]
+                    m_r = m_n
             l_r = tl.where(qrow, l_r, 1.0)
             tl.store(optrs, (a_r / l_r[:, None]).to(OUT.dtype.element_ty), mask=omask)
             tl.atomic_xchg(LOCKS + pair, 0)
@@ -229,7 +259,7 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
 
 
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
-            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None):
+            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None, early=None, combine=None):
     """With `qkv` and `rope`: q is the buffer the kernel writes the RoPE'd queries into."""
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
@@ -285,6 +315,13 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         isb, isg, iss = idx.stride()
     extra = {"launch_pdl": True} if gdc else {}
     fused = qkv is not None
+    if early is None:
+        early = fused  # EARLY_NOTE
+    require(not early or (sparse and fused), "early loads are for the RoPE (decode) sparse kernel")
+    ns = next_pow2(splits)
+    if combine is None:
+        combine = "parallel" if ns * BLOCK_Q * BLOCK_D <= 8192 else "serial"  # COMBINE_NOTE
+    require(combine in ("parallel", "serial"), "combine must be 'parallel' or 'serial'")
     _verify_attn_kernel[(splits, G, B)](
         qkv if fused else q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
         rope if fused else q, q,
@@ -295,6 +332,7 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", GDC=gdc, ROPE_QKV=fused,
+        EARLY=bool(early), NS=ns if combine == "parallel" and splits > 1 else 0,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
@@ -380,6 +418,8 @@ def sparse_verify_attention_rope(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    early: bool | None = None,
+    combine: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sparse_verify_attention` with RoPE and the cache write of `layer_ops.rope_qkv_to_cache` inside
     (no q / k norm): the programs rotate their queries from qkv, split 0 rotates the new tokens' keys
@@ -398,5 +438,5 @@ def sparse_verify_attention_rope(
     _check_indices(indices, B, G, qkv.device)
     q = torch.empty(B, num_heads, M, D, dtype=qkv.dtype, device=qkv.device)
     out = _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, None, None, scale, out,
-                  True, num_splits, block_n, num_warps, num_stages, qkv=qkv, rope=rope)
+                  True, num_splits, block_n, num_warps, num_stages, qkv=qkv, rope=rope, early=early, combine=combine)
     return out, q
