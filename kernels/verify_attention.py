@@ -15,7 +15,14 @@ kernel takes the fused q | k | v projection instead of RoPE'd queries; every pro
 queries (the column d with its partner d +- D/2, the cos | sin rows of positions cache_lens + j),
 split 0 also rotates the new tokens' keys, writes keys and values to the cache rows and the rotated
 queries to a q buffer (the draft's lookahead reads them), and attends the new tokens from registers.
-The same roundings as `layer_ops.rope_qkv_to_cache` then the plain kernel.
+The same roundings as `layer_ops.rope_qkv_to_cache` then the plain kernel. Each program of this
+variant loads its first block of indexed rows and the lengths *before* the PDL wait (`early`): the
+rows it indexes are context rows and this step's earlier drafts, written by kernels that completed
+before the one it overlaps (the qkv projection, which lets dependents launch only once its own wait
+is over), and the index set and lengths are written before the forward's first kernel; only q, k and
+v of the new tokens come from the kernel just before it. Measured on the draft's forward: 0.014-0.03
+ms faster (kernels/NOTES.md); the target's verification kernel keeps its loads after the wait (its
+index set may be written by the kernel just before it, and round 3 measured no gain there).
 
 Output: [B, H, M, D] as a view of a [B, M, H, D] buffer unless the caller passes `out`, so the model's
 `o.transpose(1, 2).reshape(B, M, H * D)` before wo is a view, not a copy kernel (2.8 us per layer of
@@ -27,9 +34,9 @@ capture; the graph's pool keeps them). Launchers never read tensor values on the
 Programmatic dependent launch (sparse kernel, where supported: Hopper and newer, a Triton with
 `gdc_wait` and `launch_pdl`): the kernel is launched while the previous kernel on the stream
 finishes and waits for it (`gdc_wait`) before it reads q, cache_lens, the new tokens, the indices
-and the rows they name, and before any write; it signals its own dependents only after that wait.
-L2 prefetch hints, context rows loaded before the wait and several programs per (b, g) were
-measured slower on the H200 (kernels/NOTES.md) and are not part of the kernel.
+and the rows they name, and before any write (the RoPE variant's early rows above excepted); it signals its own dependents
+only after that wait. L2 prefetch hints and several programs per (b, g) were measured slower on the
+H200 (kernels/NOTES.md) and are not part of the kernel.
 """
 
 from __future__ import annotations
@@ -87,7 +94,7 @@ def _verify_attn_kernel(
     G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
     SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr, GDC: tl.constexpr = False,
-    ROPE_QKV: tl.constexpr = False, EARLY: tl.constexpr = False, NS: tl.constexpr = 0,
+    ROPE_QKV: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     g = tl.program_id(1)
@@ -203,37 +210,20 @@ def _verify_attn_kernel(
         tl.debug_barrier()  # every thread's partial is written before the ticket (release)
         ticket = tl.atomic_add(LOCKS + pair, 1, sem="acq_rel")
         if ticket == n_splits - 1:  # last to arrive: combine all partials of (b, g)
-            if NS > 0:  # every partial in one load (small tiles): one round trip instead of one per split
-                rs = tl.arange(0, NS)
-                ws = (pair * n_splits + rs).to(tl.int64)
-                sm = (rs < n_splits)[:, None] & qrow[None, :]  # [NS, BQ]
-                m_s = tl.load(WML + ws[:, None] * (2 * BLOCK_Q) + rl[None, :], mask=sm, other=NEG_BIG,
-                              cache_modifier=".cg")
-                l_s = tl.load(WML + ws[:, None] * (2 * BLOCK_Q) + BLOCK_Q + rl[None, :], mask=sm, other=0.0,
-                              cache_modifier=".cg")
-                a_s = tl.load(WACC + ws[:, None, None] * (BLOCK_Q * BLOCK_D) + wq[None, :, :],
-                              mask=sm[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
-                m_r = tl.max(m_s, 0)  # [BQ]
-                c_s = tl.exp2(m_s - m_r[None, :])  # [NS, BQ]
-                l_r = tl.sum(l_s * c_s, 0)
-                a_r = tl.sum(a_s * c_s[:, :, None], 0)
-            else:
-                m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
-                l_r = tl.zeros([BLOCK_Q], tl.float32)
-                a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-                for s in tl.range(0, n_splits, num_stages=1):  # serial: a pipelined combine was not faster
-                    ws = (pair * n_splits + s).to(tl.int64)
-                    m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rl, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
-                    l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rl, mask=qrow, other=0.0,
-                                  cache_modifier=".cg")
-                    a_s = tl.load(WACC + ws * (BLOCK_Q * BLOCK_D) + wq, mask=omask, other=0.0,
-                                  cache_modifier=".cg")
-                    m_n = tl.maximum(m_r, m_s)
-                    c_r = tl.exp2(m_r - m_n)
-                    c_s = tl.exp2(m_s - m_n)
-                    l_r = l_r * c_r + l_s * c_s
-                    a_r = a_r * c_r[:, None] + a_s * c_s[:, None]
-                    m_r = m_n
+            m_r = tl.full([BLOCK_Q], NEG_BIG, tl.float32)
+            l_r = tl.zeros([BLOCK_Q], tl.float32)
+            a_r = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+            for s in tl.range(0, n_splits, num_stages=1):  # serial: a pipelined combine was not faster
+                ws = (pair * n_splits + s).to(tl.int64)
+                m_s = tl.load(WML + ws * (2 * BLOCK_Q) + rl, mask=qrow, other=NEG_BIG, cache_modifier=".cg")
+                l_s = tl.load(WML + ws * (2 * BLOCK_Q) + BLOCK_Q + rl, mask=qrow, other=0.0, cache_modifier=".cg")
+                a_s = tl.load(WACC + ws * (BLOCK_Q * BLOCK_D) + wq, mask=omask, other=0.0, cache_modifier=".cg")
+                m_n = tl.maximum(m_r, m_s)
+                c_r = tl.exp2(m_r - m_n)
+                c_s = tl.exp2(m_s - m_n)
+                l_r = l_r * c_r + l_s * c_s
+                a_r = a_r * c_r[:, None] + a_s * c_s[:, None]
+                m_r = m_n
             l_r = tl.where(qrow, l_r, 1.0)
             tl.store(optrs, (a_r / l_r[:, None]).to(OUT.dtype.element_ty), mask=omask)
             tl.atomic_xchg(LOCKS + pair, 0)
@@ -259,7 +249,7 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
 
 
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
-            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None, early=None, combine=None):
+            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None, early=None):
     """With `qkv` and `rope`: q is the buffer the kernel writes the RoPE'd queries into."""
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
@@ -315,13 +305,8 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         isb, isg, iss = idx.stride()
     extra = {"launch_pdl": True} if gdc else {}
     fused = qkv is not None
-    if early is None:
-        early = fused  # EARLY_NOTE
-    require(not early or (sparse and fused), "early loads are for the RoPE (decode) sparse kernel")
-    ns = next_pow2(splits)
-    if combine is None:
-        combine = "parallel" if ns * BLOCK_Q * BLOCK_D <= 8192 else "serial"  # COMBINE_NOTE
-    require(combine in ("parallel", "serial"), "combine must be 'parallel' or 'serial'")
+    if early is None:  # the draft's forward over its set: 0.014-0.03 ms faster (H200, kernels/NOTES.md)
+        early = fused
     _verify_attn_kernel[(splits, G, B)](
         qkv if fused else q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
         rope if fused else q, q,
@@ -332,7 +317,7 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
         G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", GDC=gdc, ROPE_QKV=fused,
-        EARLY=bool(early), NS=ns if combine == "parallel" and splits > 1 else 0,
+        EARLY=bool(early),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
@@ -419,7 +404,6 @@ def sparse_verify_attention_rope(
     num_warps: int | None = None,
     num_stages: int | None = None,
     early: bool | None = None,
-    combine: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sparse_verify_attention` with RoPE and the cache write of `layer_ops.rope_qkv_to_cache` inside
     (no q / k norm): the programs rotate their queries from qkv, split 0 rotates the new tokens' keys
@@ -438,5 +422,5 @@ def sparse_verify_attention_rope(
     _check_indices(indices, B, G, qkv.device)
     q = torch.empty(B, num_heads, M, D, dtype=qkv.dtype, device=qkv.device)
     out = _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, None, None, scale, out,
-                  True, num_splits, block_n, num_warps, num_stages, qkv=qkv, rope=rope, early=early, combine=combine)
+                  True, num_splits, block_n, num_warps, num_stages, qkv=qkv, rope=rope, early=early)
     return out, q

@@ -1,11 +1,11 @@
 """Probe: the draft's attention over its set (`sparse_verify_attention_rope`, what sparse drafting runs)
-with its first block of indexed rows loaded before the PDL wait (`early`) or after it, and the split
-partials combined in one load (`parallel`) or one split after another (`serial`): the whole draft
+with its first block of indexed rows loaded before the PDL wait (`early`) or after it: the whole draft
 decode forward (Qwen2.5-0.5B shape, batch 16, 32k cache, 521-row set, CUDA graph, skinny linears
 before it as in the runtime), one and two tokens, two interleaved rounds; then, with `e2e`, `dustin
-bench e2e`'s loop for `dustin-vs` with the new defaults against early off + serial combine (every
-launch of the kernel module, the full-cache draft attention's combine too).
-`python probes/probe_draft_early.py [e2e]` -> $OUT/probe-draft-early.json"""
+bench e2e`'s loop for `dustin-vs` with early on and off. The run at 2a53af8 also timed a combine of
+the split partials in one load (`parallel`), measured slower and removed after it
+(probes/results/probe-draft-early-2a53af8.json). `python probes/probe_draft_early.py [e2e]`
+-> $OUT/probe-draft-early.json"""
 
 from __future__ import annotations
 
@@ -42,12 +42,12 @@ ORIG = va._launch
 
 
 def arm(on: bool) -> None:
-    """The kernel module's defaults (on) or early off + the serial combine for every launch (off)."""
+    """The kernel module's defaults (on) or early off (off)."""
     va._launch = ORIG if on else functools.partial(_old, ORIG)
 
 
 def _old(orig, *a, **k):
-    return orig(*a, **{**k, "early": False, "combine": "serial"})
+    return orig(*a, **{**k, "early": False})
 
 
 @torch.inference_mode()
@@ -59,8 +59,7 @@ def main(e2e: str = ""):
         t.normal_()
     idx = torch.sort(torch.randperm(N, device="cuda")[:rows]).values.int().expand(B, rows).contiguous()
     res = {}
-    variants = [("early + parallel (default)", {}), ("early + serial", {"combine": "serial"}),
-                ("parallel, no early", {"early": False}), ("serial, no early (before)", {"early": False, "combine": "serial"})]
+    variants = [("early (default)", {}), ("no early (before)", {"early": False})]
     for rnd in range(2):
         for T in (1, 2):
             tok = torch.randint(0, 1000, (B, T), device="cuda")

@@ -206,12 +206,11 @@ def test_rope_variant_matches_reference(dtype, case):
         assert set(changed) <= set(range(L, L + M)) and changed
 
 
-@pytest.mark.parametrize("early,combine,splits", [(True, "parallel", 3), (False, "parallel", 4), (True, "serial", 3),
-                                                   (False, "serial", 1), (True, "parallel", 5)])
-def test_rope_variant_early_rows_and_combines(early, combine, splits):
+@pytest.mark.parametrize("early,splits", [(True, 3), (False, 3), (True, 1), (False, 1), (True, 5)])
+def test_rope_variant_early_rows(early, splits):
     """The first block of indexed rows loaded before the wait (`early`, the default of this kernel) or
-    after it, and the partials combined in one load (`parallel`, padded to a power of two: 3 and 5
-    splits) or one split after another: the same output as the reference, the counters back at 0."""
+    after it, with one split and with several (a split's first block may hold a single row or none):
+    the same output as the reference, the counters back at 0."""
     B, H, G, M, D, N_ctx = 3, 7, 1, 2, 32, 61
     dev = _device()
     gen = torch.Generator().manual_seed(91)
@@ -223,7 +222,7 @@ def test_rope_variant_early_rows_and_combines(early, combine, splits):
     idx = _indices(lens.cpu(), 40, G, False, gen, dev)
     rope = _rope_table(n_max + 5, D, dev)
     out, q = sparse_verify_attention_rope(qkv, rope, k.clone(), v.clone(), idx, lens, H, num_splits=splits,
-                                          block_n=16, early=early, combine=combine)
+                                          block_n=16, early=early)
     ref, q_ref = sparse_verify_attention_rope_ref(qkv, rope, k.clone(), v.clone(), idx, lens, H)
     assert rel_err(out, ref) <= TOL[torch.float32] and rel_err(q, q_ref) <= TOL[torch.float32]
     assert int(ticket_counters(torch.device(dev), B * G)[: B * G].abs().sum()) == 0
@@ -244,8 +243,6 @@ def test_rope_variant_refuses_bad_inputs():
         sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx.long(), lens, 4)
     with pytest.raises(TypeError, match="blok_n"):
         sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx, lens, 4, blok_n=16)
-    with pytest.raises(KernelArgumentError, match="combine"):
-        sparse_verify_attention_rope(qkv, rope, k, k.clone(), idx, lens, 4, combine="tree")
 
 
 def test_ticket_counters_return_to_zero():
