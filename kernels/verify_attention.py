@@ -117,7 +117,10 @@ def _verify_attn_kernel(
     if SPARSE:
         hi = tl.minimum(lo + chunk, n_cols)
         ib = IDX + b64 * sib + g64 * sig
-    if EARLY:  # the first block of indexed context rows (and the lengths) before the wait: see the module doc
+    rn = tl.arange(0, BLOCK_NEW)
+    n_new = M - M * tl.minimum(split, 1)  # M for split 0, else 0
+    nmask = (rn < n_new)[:, None] & dmask[None, :]
+    if EARLY:  # before the wait (module doc): the first block of indexed context rows, the lengths, RoPE's rows
         offs0 = lo + tl.arange(0, BLOCK_N)
         rows0 = tl.load(ib + offs0 * sis, mask=offs0 < hi, other=-1)
         valid0 = rows0 >= 0
@@ -125,33 +128,38 @@ def _verify_attn_kernel(
         k0 = tl.load(kb + rows0[:, None] * skn + rd[None, :] * skd, mask=kv0, other=0.0).to(tl.float32)
         v0 = tl.load(vb + rows0[:, None] * svn + rd[None, :] * svd, mask=kv0, other=0.0).to(tl.float32)
         L = tl.load(LENS + b)
+        if ROPE_QKV:
+            qpos = (L + mq).to(tl.int64)[:, None]  # [BQ, 1]: query j of sequence b sits at position L + j
+            cq = tl.load(ROPE + qpos * D + rd[None, :], mask=qmask, other=0.0)
+            sq = tl.load(ROPE + n_rope * D + qpos * D + rd[None, :], mask=qmask, other=0.0)
+            npos = (L + rn).to(tl.int64)[:, None]  # [BNEW, 1]
+            ck = tl.load(ROPE + npos * D + rd[None, :], mask=nmask, other=0.0)
+            sk = tl.load(ROPE + n_rope * D + npos * D + rd[None, :], mask=nmask, other=0.0)
     if GDC:  # programmatic dependent launch: everything below may depend on the previous kernel
         gdc_wait()
         gdc_launch_dependents()
     if not EARLY:
         L = tl.load(LENS + b)
-    rn = tl.arange(0, BLOCK_NEW)
-    n_new = M - M * tl.minimum(split, 1)  # M for split 0, else 0
-    nmask = (rn < n_new)[:, None] & dmask[None, :]
     if ROPE_QKV:  # Q is the fused projection [B, M, (H + 2G) D]: RoPE here, k / v of the new tokens to the cache
         HALF: tl.constexpr = D // 2
         part = (rd + HALF) % D  # the column each is rotated with
         sgn = tl.where(rd < HALF, -1.0, 1.0)[None, :]
-        qpos = (L + mq).to(tl.int64)[:, None]  # [BQ, 1]: query j of sequence b sits at position L + j
+        if not EARLY:
+            qpos = (L + mq).to(tl.int64)[:, None]
+            cq = tl.load(ROPE + qpos * D + rd[None, :], mask=qmask, other=0.0)
+            sq = tl.load(ROPE + n_rope * D + qpos * D + rd[None, :], mask=qmask, other=0.0)
+            npos = (L + rn).to(tl.int64)[:, None]
+            ck = tl.load(ROPE + npos * D + rd[None, :], mask=nmask, other=0.0)
+            sk = tl.load(ROPE + n_rope * D + npos * D + rd[None, :], mask=nmask, other=0.0)
         xq = Q + b64 * sxb + mq[:, None] * sxm
         x = tl.load(xq + hq[:, None] * D + rd[None, :], mask=qmask, other=0.0).to(tl.float32)
         xp = tl.load(xq + hq[:, None] * D + part[None, :], mask=qmask, other=0.0).to(tl.float32)
-        cq = tl.load(ROPE + qpos * D + rd[None, :], mask=qmask, other=0.0)
-        sq = tl.load(ROPE + n_rope * D + qpos * D + rd[None, :], mask=qmask, other=0.0)
         q = (x * cq + sgn * xp * sq).to(DT)  # [BQ, BD], rounded as the rope kernel stores it
         if split == 0:
             tl.store(QO + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd, q, mask=qmask)
-        npos = (L + rn).to(tl.int64)[:, None]  # [BNEW, 1]
         xn = Q + b64 * sxb + rn[:, None] * sxm
         xk = tl.load(xn + (HG * G + g) * D + rd[None, :], mask=nmask, other=0.0).to(tl.float32)
         xkp = tl.load(xn + (HG * G + g) * D + part[None, :], mask=nmask, other=0.0).to(tl.float32)
-        ck = tl.load(ROPE + npos * D + rd[None, :], mask=nmask, other=0.0)
-        sk = tl.load(ROPE + n_rope * D + npos * D + rd[None, :], mask=nmask, other=0.0)
         k_new = (xk * ck + sgn * xkp * sk).to(DT)
         v_new = tl.load(xn + (HG * G + G + g) * D + rd[None, :], mask=nmask, other=0.0).to(DT)
         tl.store(kb + npos * skn + rd[None, :] * skd, k_new, mask=nmask)  # split 0 only (n_new = 0 elsewhere)

@@ -1,5 +1,6 @@
 """Probe: the draft's attention over its set (`sparse_verify_attention_rope`, what sparse drafting runs)
-with its first block of indexed rows loaded before the PDL wait (`early`) or after it: the whole draft
+with its first block of indexed rows, the lengths and RoPE's table rows loaded before the PDL wait
+(`early`) or after it, and with early loads at other split counts and rows per block: the whole draft
 decode forward (Qwen2.5-0.5B shape, batch 16, 32k cache, 521-row set, CUDA graph, skinny linears
 before it as in the runtime), one and two tokens, two interleaved rounds; then, with `e2e`, `dustin
 bench e2e`'s loop for `dustin-vs` with early on and off. The run at 2a53af8 also timed a combine of
@@ -60,10 +61,12 @@ def main(e2e: str = ""):
     idx = torch.sort(torch.randperm(N, device="cuda")[:rows]).values.int().expand(B, rows).contiguous()
     res = {}
     variants = [("early (default)", {}), ("no early (before)", {"early": False})]
+    grid = [(f"early, {sp} splits x {bn} rows", {"num_splits": sp, "block_n": bn})
+            for sp in (1, 2, 3, 5, 6) for bn in (64, 128)]  # the launcher's split grid with early loads
     for rnd in range(2):
         for T in (1, 2):
             tok = torch.randint(0, 1000, (B, T), device="cuda")
-            for name, kw in variants:
+            for name, kw in variants + (grid if T == 1 else []):
                 be = SetRope(idx, **kw)
 
                 def fwd(be=be, tok=tok):
