@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dustin/cli.py: set before torch loads OpenMP
 
@@ -139,14 +140,12 @@ def tiny_with_tokenizer(shared_dir):
 
 
 @pytest.fixture(scope="session")
-def run_cli():
-    """run_cli(*args, ok=False, timeout=600): `python -m dustin.cli *args` in a subprocess (one
-    intra-op thread); ok=True asserts exit code 0."""
+def run_cli(cli):
+    """run_cli(*args, ok=False, timeout=600): `dustin ARGS` through the fork server (`cli`: one
+    intra-op thread, as `python -m dustin.cli` in a subprocess); ok=True asserts exit code 0."""
 
     def run(*args, ok: bool = False, timeout: int = 600):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        p = subprocess.run([sys.executable, "-m", "dustin.cli", *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, env=env)
+        p = cli(*args, timeout=timeout)
         if ok:
             assert p.returncode == 0, p.stderr
         return p
@@ -417,5 +416,64 @@ class TPRunner:
 def tp_run(tmp_path_factory):
     """A `TPRunner` (see it) for the session."""
     runner = TPRunner(tmp_path_factory.mktemp("tp-runs"))
+    yield runner
+    runner.close()
+
+
+# ---- the `dustin` command through a fork server (tests/cli/cli_server.py) ----
+
+SERVER = Path(__file__).parent / "cli" / "cli_server.py"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Ran:
+    """What one CLI call did (the fields of subprocess.CompletedProcess that tests read)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def base_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class Cli:
+    def __init__(self, cache: Path):
+        self.env = {"DUSTIN_CACHE": str(cache)}
+        self.plain = os.environ.get("DUSTIN_TEST_SUBPROCESS") == "1"
+        self.proc = None
+
+    def _server(self):
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True, env={**base_env(), "PYTHONPATH": str(REPO)}, cwd=REPO)
+        return self.proc
+
+    def __call__(self, *args, cwd=None, env=None, timeout=300) -> Ran:
+        args = [str(a) for a in args]
+        env = {**self.env, **(env or {})}
+        cwd = str(cwd or REPO)
+        if self.plain:
+            p = subprocess.run([sys.executable, "-m", "dustin.cli", *args], capture_output=True, text=True,
+                               timeout=timeout, cwd=cwd, env={**base_env(), **env})
+            return Ran(p.returncode, p.stdout, p.stderr)
+        server = self._server()
+        server.stdin.write(json.dumps({"argv": args, "cwd": cwd, "env": env, "timeout": timeout}) + "\n")
+        server.stdin.flush()
+        answer = json.loads(server.stdout.readline())
+        return Ran(answer["rc"], answer["stdout"], answer["stderr"])
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def cli(tmp_path_factory):
+    """cli(*args, cwd=None, env=None, timeout=300) -> Ran(returncode, stdout, stderr) of `dustin ARGS`."""
+    runner = Cli(tmp_path_factory.mktemp("dustin-cache"))
     yield runner
     runner.close()

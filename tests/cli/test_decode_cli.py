@@ -7,12 +7,9 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, tiny_with_tokenizer):
-    root = tmp_path_factory.mktemp("cli")
-    return {
-        "llama": tiny_with_tokenizer(root / "llama", "llama3"),
-        "llama_draft": tiny_with_tokenizer(root / "llama_draft", "llama3", num_hidden_layers=1),
-    }
+def models(small_models):
+    """The session's small Llama pair (the 1024-token tokenizer: loads in milliseconds)."""
+    return {"llama": small_models["target"], "llama_draft": small_models["draft"]}
 
 
 def test_decode_json_record_speculative_equals_autoregressive(models, tmp_path, run_cli):

@@ -37,17 +37,23 @@ def write_profile(path, target_dir, draft_dir, *, sinks=4, window=16, budget=64,
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, tiny_with_tokenizer):
+def setup(tmp_path_factory, small_models):
+    """The session's small pair (2-layer target, 1-layer draft, 3-layer other; the 1024-token
+    tokenizer, which loads in milliseconds where the Llama-3 one takes seconds per call)."""
     root = tmp_path_factory.mktemp("policy-cli")
-    t = tiny_with_tokenizer(root / "t", "llama3")
-    d = tiny_with_tokenizer(root / "d", "llama3", num_hidden_layers=1)
-    other = tiny_with_tokenizer(root / "o", "llama3", num_hidden_layers=3)
+    t, d, other = small_models["target"], small_models["draft"], small_models["other"]
     prompts = root / "batch.jsonl"
     prompts.write_text('{"prompt": "It was the best of times, it was the worst of times, it was the age of wisdom"}\n'
                        '{"prompt": "Call me Ishmael. Some years ago", "max_new_tokens": 6}\n')
     return {"t": t, "d": d, "prompts": prompts, "profile": write_profile(root / "p.json", t, d),
             "foreign": write_profile(root / "foreign.json", other, d),
             "groups": write_profile(root / "g.json", t, d, groups=True)}
+
+
+@pytest.fixture(scope="module")
+def full(setup, run_cli):
+    """The JSON record of full verification on the batch (the reference of both budget tests)."""
+    return json.loads(run_cli(*common(setup, "--json"), ok=True).stdout.strip().splitlines()[-1])
 
 
 def common(s, *extra):
@@ -74,8 +80,7 @@ def test_head_policy_without_profile_and_unknown_policy_are_refused(setup, run_c
     assert_one_line_error(p, "give --draft")
 
 
-def test_sparse_policy_records_arr_and_full_budget_matches_full(setup, run_cli):
-    full = json.loads(run_cli(*common(setup, "--json"), ok=True).stdout.strip().splitlines()[-1])
+def test_sparse_policy_records_arr_and_full_budget_matches_full(setup, full, run_cli):
     small = json.loads(run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "24",
                                        "--measure-arr", "--json"), ok=True).stdout.strip().splitlines()[-1])
     s = small["stats"]
@@ -87,13 +92,12 @@ def test_sparse_policy_records_arr_and_full_budget_matches_full(setup, run_cli):
     assert big["tokens"] == full["tokens"]
 
 
-def test_layer_groups_profile_decodes_with_per_layer_arr(setup, run_cli):
+def test_layer_groups_profile_decodes_with_per_layer_arr(setup, full, run_cli):
     """A profile with layer groups drives dustin (one set per group, --measure-arr per layer, sparse
     drafting over the draft group's set); a budget covering the context gives full's tokens."""
     def last(*extra):
         return json.loads(run_cli(*common(setup, *extra, "--json"), ok=True).stdout.strip().splitlines()[-1])
 
-    full = last()
     small = last("--policy", "dustin", "--profile", str(setup["groups"]), "--budget", "24", "--measure-arr",
                  "--draft-kv", "verify-set")["stats"]["extra"]
     assert small["groups"] == [{"start": 0, "m": 2}, {"start": 1, "m": 0}] and small["m"] == 0
