@@ -402,7 +402,7 @@ class TPRunner:
 
     def cli(self, world: int, *args, env: dict | None = None, cwd=None, timeout: int = 120) -> list[tuple]:
         req = {"world": world, "argv": [str(a) for a in args], "env": env or {}, "timeout": timeout,
-               "cwd": str(cwd or Path(__file__).resolve().parents[1])}
+               "cwd": str(cwd or REPO)}
         rc = self._ask(req)
         return [(code, self._read(req, r, "out"), self._read(req, r, "err")) for r, code in enumerate(rc)]
 
