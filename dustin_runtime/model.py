@@ -141,25 +141,26 @@ class Block(nn.Module):
     def forward(self, x, layer, rope, cache, backend, ctx, pending=None):
         """-> (x, pending): the fused path leaves the MLP's output as a pending residual that the
         next norm adds (one kernel less per layer); the reference path adds it here. On the skinny
-        path (a few rows: the layer's linears through `skinny_linear`) wo and w2 add their products
-        to the residual stream themselves and leave its rows' sums of squares [T, B T] as pending:
-        the next linear normalises its input rows in its own prologue, so a layer is 5 kernels."""
+        path (a few rows: the layer's linears and SwiGLU through `skinny_linear`) pending and wo's output are
+        fp32 partial sums [P, B * T, d] (split-K's slices) that the next norm adds up."""
         if rope.skinny:
-            from dustin_kernels.layer_ops import rms_norm
-            from dustin_kernels.skinny import RowNorm, skinny_linear, skinny_residual, skinny_split
+            from dustin_kernels.layer_ops import add_rms_norm, rms_norm
+            from dustin_kernels.skinny import skinny_linear, skinny_split
 
             a, f = self.attn, self.ffn
-            if pending is None:  # the embedding's rows: one norm kernel
-                qkv = skinny_linear(rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), a.wqkv.weight,
-                                    bias=a.wqkv.bias)
+            if pending is None:
+                y = rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
             else:
-                qkv = skinny_linear(x, a.wqkv.weight, bias=a.wqkv.bias,
-                                    norm=RowNorm(pending, self.attn_norm.weight, self.attn_norm.eps))
-            o = a.attend_qkv(qkv.view(*x.shape[:-1], -1), layer, rope, cache, backend, ctx)  # [B, T, H D]
-            x, ss = skinny_residual(o, a.wo.weight, x, bias=a.wo.bias, parts=skinny_split(a.wo.weight, x.device))
-            act = skinny_linear(x, f.w13.weight, swiglu=True,
-                                norm=RowNorm(ss, self.ffn_norm.weight, self.ffn_norm.eps))  # [B, T, I]
-            return skinny_residual(act, f.w2.weight, x, parts=skinny_split(f.w2.weight, x.device))
+                x, y = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps, partials=True)
+            qkv = skinny_linear(y, a.wqkv.weight, bias=a.wqkv.bias)  # [B, T, (H + 2G) D]
+            o = a.attend_qkv(qkv, layer, rope, cache, backend, ctx)  # [B, T, H D]
+            if a.wo.bias is None:
+                h = skinny_linear(o, a.wo.weight, parts=skinny_split(a.wo.weight, x.device))  # [P, B T, d]
+            else:
+                h = skinny_linear(o, a.wo.weight, bias=a.wo.bias).view(1, -1, x.shape[-1])
+            x, y = add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps, partials=True)
+            act = skinny_linear(y, f.w13.weight, swiglu=True)  # [B, T, I]
+            return x, skinny_linear(act, f.w2.weight, parts=skinny_split(f.w2.weight, x.device))
         if rope.fused:
             from dustin_kernels.layer_ops import add_rms_norm, rms_norm
 
@@ -311,12 +312,12 @@ class Transformer(nn.Module):
         backend.end(ctx)
         if logits == "none":
             return None
-        if rope.skinny:  # x: the residual stream after the last layer (pending: its sums of squares)
-            from dustin_kernels.layer_ops import rms_norm
+        if rope.skinny:  # pending: partial sums [P, B T, d]
+            from dustin_kernels.layer_ops import add_rms_norm
 
             if logits == "last" and T > 1:
-                x = x[:, -1:]
-            out = self.logits(rms_norm(x, self.norm.weight, self.norm.eps))
+                x, pending = x[:, -1:], pending.view(pending.shape[0], B, T, -1)[:, :, -1]
+            out = self.logits(add_rms_norm(x, pending, self.norm.weight, self.norm.eps, partials=True)[1])
             return out if local_vocab else self.gather_vocab(out)
         if logits == "last":
             x, pending = x[:, -1:], None if pending is None else pending[:, -1:]

@@ -2,7 +2,8 @@
 
 - `rms_norm`: y = w * norm(x) (one program per row; the norms are PDL launches on Hopper: they
   start while the previous kernel finishes and wait for it first);
-- `add_rms_norm`: x += h, y = w * norm(x) (residual add fused with the next norm);
+- `add_rms_norm`: x += h, y = w * norm(x) (residual add fused with the next norm; h may be the
+  partial sums that `skinny.skinny_linear` leaves under split-K);
 - `swiglu`: silu(gate) * up from the fused gate|up projection;
 - `rope_qkv_to_cache`: split the fused qkv projection, optional q/k RMSNorm (Qwen3), RoPE on q and
   k, q written as [B, H, T, D], k and v written straight into the KV cache at per-sequence positions.
@@ -27,8 +28,8 @@ except ImportError:  # pragma: no cover - depends on the Triton version
 
 
 @triton.jit
-def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo,
-                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, GDC: tl.constexpr = False):
+def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo, shp,
+                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, P: tl.constexpr = 1, GDC: tl.constexpr = False):
     if GDC:  # launched while the previous kernel finishes; wait for it before reading anything
         gdc_wait()
         gdc_launch_dependents()
@@ -37,7 +38,9 @@ def _rms_norm_kernel(X, H, W, Y, XO, d, eps, sx, sh, sy, sxo,
     mask = cols < d
     x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        h = tl.load(H + row * sh + cols, mask=mask, other=0.0)
+        h = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(P):  # partial sums (split-K) add up here; one part otherwise
+            h += tl.load(H + p * shp + row * sh + cols, mask=mask, other=0.0).to(tl.float32)
         x = x + h.to(XO.dtype.element_ty).to(tl.float32)
         x = x.to(XO.dtype.element_ty)
         tl.store(XO + row * sxo + cols, x, mask=mask)
@@ -63,18 +66,27 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., d] -> w * x / rms(x), in x's dtype."""
     x2 = _rows(x)
     y = torch.empty_like(x2)
-    _rms_norm_kernel[(x2.shape[0],)](x2, x2, w, y, y, x2.shape[1], eps, x2.stride(0), 0, y.stride(0), 0,
+    _rms_norm_kernel[(x2.shape[0],)](x2, x2, w, y, y, x2.shape[1], eps, x2.stride(0), 0, y.stride(0), 0, 0,
                                       BLOCK=next_pow2(x2.shape[1]), HAS_RES=False, **_pdl(x.device))
     return y.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + h, rms_norm(x + h)) for x, h [..., d], in x's dtype."""
-    x2, h2 = _rows(x), _rows(h)
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float,
+                 partials: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, rms_norm(x + h)) for x, h [..., d], in x's dtype. With `partials`, h is [P, n, d]
+    partial sums (split-K's, any float dtype) of the n rows of x, summed and rounded to x's dtype
+    before the add (as a linear's output would be)."""
+    x2 = _rows(x)
+    if partials:
+        require(h.dim() == 3 and tuple(h.shape[1:]) == tuple(x2.shape) and h.stride(-1) == 1,
+                f"partial sums must be [P, {x2.shape[0]}, {x2.shape[1]}] with adjacent elements")
+        h3 = h
+    else:
+        h3 = _rows(h).unsqueeze(0)
     xo, y = torch.empty_like(x2), torch.empty_like(x2)
-    _rms_norm_kernel[(x2.shape[0],)](x2, h2, w, y, xo, x2.shape[1], eps, x2.stride(0), h2.stride(0),
-                                      y.stride(0), xo.stride(0),
-                                      BLOCK=next_pow2(x2.shape[1]), HAS_RES=True, **_pdl(x.device))
+    _rms_norm_kernel[(x2.shape[0],)](x2, h3, w, y, xo, x2.shape[1], eps, x2.stride(0), h3.stride(1),
+                                      y.stride(0), xo.stride(0), h3.stride(0),
+                                      BLOCK=next_pow2(x2.shape[1]), HAS_RES=True, P=h3.shape[0], **_pdl(x.device))
     return xo.view(x.shape), y.view(x.shape)
 
 
@@ -84,7 +96,9 @@ def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (w.float() * xf.to(x.dtype).float()).to(x.dtype)
 
 
-def add_rms_norm_ref(x, h, w, eps):
+def add_rms_norm_ref(x, h, w, eps, partials=False):
+    if partials:
+        h = h.float().sum(0).view(x.shape).to(x.dtype)
     xo = (x.float() + h.float()).to(x.dtype)
     return xo, rms_norm_ref(xo, w, eps)
 
