@@ -60,9 +60,9 @@ def srh_heads(model_cfg, n: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]
 def sparse_verify_step(model: Transformer, draft: Transformer, cache, tokens: torch.Tensor, *, budget: int, srh: int,
                        gamma: int, sinks: int = 4, window: int = 64,
                        backend=None) -> tuple[Callable[[], torch.Tensor], int]:
-    """One dustin verification step as a function (select the set from the target history, then
-    the target pass over the M = gamma + 1 tokens in `tokens` [B, M] with sparse attention and the
-    retrieval heads' scoring), and the bytes it must read at least: weights, the selected K/V rows
+    """One dustin verification step as a function (the retrieval heads' scoring of the last pass's
+    queries, the set selected from that history, then the target pass over the M = gamma + 1 tokens in
+    `tokens` [B, M] with sparse attention), and the bytes it must read at least: weights, the selected K/V rows
     and the retrieval heads' keys."""
     from dustin_runtime.attention import TorchAttention
     from dustin_runtime.policies import make_policy
@@ -77,6 +77,8 @@ def sparse_verify_step(model: Transformer, draft: Transformer, cache, tokens: to
     be = policy.target_backend(default)
 
     def step():
+        policy.before_draft()  # the last pass's history, where the loop scores it while drafting
+        policy.drafted(tokens)
         policy.before_verify()
         return model(tokens, cache, be, phase="verify")
 

@@ -401,6 +401,8 @@ class SignalPolicy(SparsePolicy):
     over the set of the config's `draft_group`."""
 
     history_stream = True  # score history and lookahead on a side stream (False: in line; tests and probes compare)
+    history_in_draft = True  # with the side stream: score a pass's history while the next step drafts (False:
+    #                          beside the rest of the pass; probes compare)
 
     def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
         super().__init__(cfg, target, draft, **kw)
@@ -430,13 +432,16 @@ class SignalPolicy(SparsePolicy):
         scored = [g for g in self.groups if g.target_signal is not None]
         self.side = (torch.cuda.Stream(device) if self.history_stream and (scored or self.lookaheads)
                      and self.ops.triton and self.tp is None and torch.device(device).type == "cuda" else None)
-        self.forked = False
+        self.forked = self.holding = False
         for g in scored:
             if self.side is not None:
                 width = t.head_dim if self.labels is None else self.labels.r
-                g.qbuf = {layer: torch.empty(batch, lh.query.numel(), self.gamma + 1, width,
+                g.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, width,
                                              dtype=self.target.dtype, device=device)
                           for layer, lh in g.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
+        # deferred history: the pass stashes its queries (qbuf) and context lengths; the next drafting scores
+        self.deferred = [g for g in scored if g.qbuf] if self.history_in_draft else []
+        self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
 
     def label_keys(self, batch, max_len, device) -> LabelKeys | None:
         """The label cache of every layer a target scorer reads (retrieval heads' layers of the groups
@@ -468,8 +473,10 @@ class SignalPolicy(SparsePolicy):
         if self.labels is not None and layer in self.labels:  # every prompt row is in the cache now
             self.labels.fill(layer, cache.k[layer], (b0, b1))
         for g in self.groups:
-            if g.target_signal is not None:
+            if g.target_signal is not None:  # scored now (the first set may be chosen before drafting) and,
                 g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
+                if g in self.deferred and g.target_signal.stash(layer, q, g.qbuf[layer], rows=(b0, b1)):
+                    self.hist_lens[b0:b1].copy_(ctx.start)  # deferred, again by the first drafting (same result)
 
     def observe_draft(self, layer, q, slot):
         """Stash the lookahead's queries; in the step's last draft forward (every query in), score each
@@ -488,7 +495,10 @@ class SignalPolicy(SparsePolicy):
         if self.labels is not None and layer in self.labels:  # this pass's rows, before they are scored
             self.labels.write(layer, cache.k[layer], ctx.positions)
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
-            if g.target_signal is not None:
+            if g in self.deferred:  # scored while the next step drafts (`before_draft`)
+                if g.target_signal.stash(layer, q, g.qbuf[layer]) and layer == g.target_signal.first:
+                    self.hist_lens.copy_(ctx.start)
+            elif g.target_signal is not None:
                 buf = g.qbuf.get(layer)
                 side = self.side if buf is not None and q.shape[::2] == buf.shape[::2] and q.dtype == buf.dtype else None
                 scored = g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history, side, buf)
@@ -503,8 +513,22 @@ class SignalPolicy(SparsePolicy):
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
                                     window=c.window, m=c.free)
 
+    def before_draft(self):
+        super().before_draft()
+        if self.deferred:  # the last pass's history, on the side stream while this step drafts
+            self.side.wait_stream(torch.cuda.current_stream(self.side.device))
+            with torch.cuda.stream(self.side):
+                for g in self.deferred:
+                    g.target_signal.score_stashed(g.qbuf, self.tcache.k, self.hist_lens, g.history)
+            self.forked = self.holding = True  # joined once the step's drafts are in (`drafted`)
+
+    def drafted(self, tokens):
+        super().drafted(tokens)
+        self.holding = False
+        self.join()
+
     def join(self):
-        if self.forked:
+        if self.forked and not self.holding:
             torch.cuda.current_stream(self.side.device).wait_stream(self.side)
             self.forked = False
 

@@ -5,11 +5,13 @@
   copy per draft forward, no host sync); after drafting they score the context once per SRH layer
   (M = gamma queries per call, so the keys are read once per step, not once per draft token). On
   CUDA the scoring runs on a side stream during the step's last draft forward, each layer as soon as
-  its last query is stashed; the target's history likewise beside the rest of its pass
-  (`SignalPolicy.history_stream`).
+  its last query is stashed (`SignalPolicy.history_stream`).
 - Target history: in each verification pass the target's SRH queries (the gamma + 1 verification
   queries) score the pass's context [0, L); the result is the next step's history. The prefill's
-  last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one.
+  last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one. On
+  CUDA the pass only stashes its queries and L, and the scoring runs on the side stream while the
+  next step drafts (`SignalPolicy.history_in_draft`): the draft's small kernels leave most of the
+  GPU's bandwidth idle, where the verification's GEMMs hold every SM.
 
 Scores are softmax over [0, L) per query and head, reduced over queries, heads and layers by the
 config's aggregation ("sum" or "max"), into caller-owned [B, N_max] fp32 buffers; rows >= L are 0.
@@ -145,6 +147,34 @@ class TargetHistory:
             return qs, k_cache
         keys = self.labels.k[layer]
         return self.labels.queries(qs, self.label_idx[layer]), keys if rows is None else keys[rows[0]: rows[1]]
+
+    def stash(self, layer: int, q: torch.Tensor, qbuf: torch.Tensor, rows: tuple[int, int] | None = None) -> bool:
+        """At an SRH layer: copy the heads' queries of q [b, H, M, D] into qbuf [B, Hs, M', D or r] (rows
+        [b0, b1) of it where q is a slice of the batch; M < M' queries fill the first slots and the rest
+        are zero, a uniform score) for `score_stashed`; False at other layers."""
+        lh = self.layers.get(layer)
+        if lh is None:
+            return False
+        if self.labels is None and rows is None and q.shape[2] == qbuf.shape[2]:
+            torch.index_select(q, 1, lh.query, out=qbuf)
+            return True
+        qs = q.index_select(1, lh.query)
+        if self.labels is not None:
+            qs = self.labels.queries(qs, self.label_idx[layer])
+        dst = qbuf if rows is None else qbuf[rows[0]: rows[1]]
+        if qs.shape[2] < dst.shape[2]:
+            dst.zero_()
+        dst[:, :, : qs.shape[2]].copy_(qs)
+        return True
+
+    def score_stashed(self, qbufs: dict[int, torch.Tensor], k_caches: list[torch.Tensor], lens: torch.Tensor,
+                      out: torch.Tensor, counters: str = "srh-side") -> None:
+        """out [B, N_max] = the signal of the stashed queries (`stash`, every SRH layer) over [0, lens)."""
+        scale = None if self.labels is None else self.labels.scale
+        for layer, lh in self.layers.items():
+            keys = k_caches[layer] if self.labels is None else self.labels.k[layer]
+            score_heads(self.ops, qbufs[layer], lh, keys, lens, out, self.reduce, layer != self.first,
+                        counters=counters, scale=scale)
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
               out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None,

@@ -143,9 +143,9 @@ def test_refresh_in_the_captured_verify_graph_equals_eager(pair, kv_heads):
 
 @pytest.mark.parametrize("policy", ["dustin", "dustin-vs-r", "dustin-vs-r-c"])
 def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
-    """The target's history scored on a side stream (beside the rest of the verification pass) and the
-    draft's lookahead scored during the step's last draft forward on it, in graphs and eagerly, give
-    the tokens and the signal buffers of scoring in line."""
+    """The target's history scored on a side stream (while the next step drafts, or beside the rest of
+    the verification pass) and the draft's lookahead scored during the step's last draft forward on
+    it, in graphs and eagerly, give the tokens and the signal buffers of scoring in line."""
     from dustin_runtime.policies import SignalPolicy
 
     t, d = pair
@@ -154,14 +154,22 @@ def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
     graph = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)
     again = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)  # replays the captured graphs
     eager = speculative_generate(t, d, ps, 24, gamma=4, hooks=e, cuda_graphs=False)
-    assert h.side is not None and e.side is not None and graph.stats.cuda_graphs
+    assert h.side is not None and e.side is not None and graph.stats.cuda_graphs and h.deferred
+    for p in (h, e):  # the last pass's history is scored by a next drafting: run that part
+        p.before_draft()
+        p.drafted(p.tokens)
+    monkeypatch.setattr(SignalPolicy, "history_in_draft", False)
+    b = hooks(policy, t, d)
+    beside = speculative_generate(t, d, ps, 24, gamma=4, hooks=b)
+    assert not b.deferred
     monkeypatch.setattr(SignalPolicy, "history_stream", False)
     i = hooks(policy, t, d)
     inline = speculative_generate(t, d, ps, 24, gamma=4, hooks=i, cuda_graphs=False)
     assert i.side is None
-    assert graph.tokens == again.tokens == eager.tokens == inline.tokens
+    assert graph.tokens == again.tokens == eager.tokens == beside.tokens == inline.tokens
     assert graph.stats.accepted == inline.stats.accepted
     assert torch.equal(h.history, i.history) and torch.equal(e.history, i.history)
+    assert torch.equal(b.history, i.history)
     assert torch.equal(h.draft_score, i.draft_score) and torch.equal(e.draft_score, i.draft_score)
     assert h.draft_score.abs().sum() > 0 and h.m > 0  # the lookahead chose rows
 
