@@ -475,7 +475,7 @@ class SignalPolicy(SparsePolicy):
         for g in self.groups:
             if g.target_signal is not None:  # scored now (the first set may be chosen before drafting) and,
                 g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
-                if g in self.deferred and g.target_signal.stash(layer, q, g.qbuf[layer], rows=(b0, b1)):
+                if g in self.deferred and layer in g.qbuf and g.target_signal.stash(layer, q, g.qbuf[layer], (b0, b1)):
                     self.hist_lens[b0:b1].copy_(ctx.start)  # deferred, again by the first drafting (same result)
 
     def observe_draft(self, layer, q, slot):
@@ -496,7 +496,7 @@ class SignalPolicy(SparsePolicy):
             self.labels.write(layer, cache.k[layer], ctx.positions)
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
             if g in self.deferred:  # scored while the next step drafts (`before_draft`)
-                if g.target_signal.stash(layer, q, g.qbuf[layer]) and layer == g.target_signal.first:
+                if layer in g.qbuf and g.target_signal.stash(layer, q, g.qbuf[layer]) and layer == g.target_signal.first:
                     self.hist_lens.copy_(ctx.start)
             elif g.target_signal is not None:
                 buf = g.qbuf.get(layer)
