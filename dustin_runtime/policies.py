@@ -430,8 +430,7 @@ class SignalPolicy(SparsePolicy):
         # The history (next step's signal) is scored on a side stream, beside the rest of the pass
         # (the kernels of one pass, CUDA only, one process); its queries wait in buffers of their own.
         scored = [g for g in self.groups if g.target_signal is not None]
-        self.side = (torch.cuda.Stream(device) if self.history_stream and (scored or self.lookaheads)
-                     and self.ops.triton and self.tp is None and torch.device(device).type == "cuda" else None)
+        self.side = self._side_stream(device) if scored or self.lookaheads else None
         self.forked = self.holding = False
         for g in scored:
             if self.side is not None:
@@ -442,6 +441,11 @@ class SignalPolicy(SparsePolicy):
         # deferred history: the pass stashes its queries (qbuf) and context lengths; the next drafting scores
         self.deferred = [g for g in scored if g.qbuf] if self.history_in_draft else []
         self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
+
+    def _side_stream(self, device) -> torch.cuda.Stream | None:
+        """The stream the signals are scored on beside the main one (None: in line)."""
+        ok = self.history_stream and self.ops.triton and self.tp is None and torch.device(device).type == "cuda"
+        return torch.cuda.Stream(device) if ok else None
 
     def label_keys(self, batch, max_len, device) -> LabelKeys | None:
         """The label cache of every layer a target scorer reads (retrieval heads' layers of the groups

@@ -155,9 +155,10 @@ def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
     again = speculative_generate(t, d, ps, 24, gamma=4, hooks=h)  # replays the captured graphs
     eager = speculative_generate(t, d, ps, 24, gamma=4, hooks=e, cuda_graphs=False)
     assert h.side is not None and e.side is not None and graph.stats.cuda_graphs and h.deferred
-    for p in (h, e):  # the last pass's history is scored by a next drafting: run that part
-        p.before_draft()
-        p.drafted(p.tokens)
+    with torch.inference_mode():  # the last pass's history is scored by a next drafting: run that part
+        for p in (h, e):
+            p.before_draft()
+            p.drafted(p.tokens)
     monkeypatch.setattr(SignalPolicy, "history_in_draft", False)
     b = hooks(policy, t, d)
     beside = speculative_generate(t, d, ps, 24, gamma=4, hooks=b)

@@ -390,3 +390,41 @@ def test_refresh_layer_configs_refused(pair):
     with pytest.raises(DustinError, match=f"KV head {target.cfg.num_kv_heads} is past"):
         make_policy("dustin", replace(cfg, refresh_layers=(1,), refresh_kv_heads=((target.cfg.num_kv_heads,),)),
                     target=target, draft=draft)
+
+
+class _InOrder:
+    """A CPU stand-in for the side CUDA stream: work queued on it runs in order, so the test follows
+    the side-stream bookkeeping (what is stashed, when it is scored) without a GPU."""
+
+    device = torch.device("cpu")
+
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.mark.parametrize("draft_kv", ["full", "verify-set"])
+def test_history_scored_while_drafting_equals_in_line(pair, monkeypatch, draft_kv):
+    """A verification pass stashes its retrieval heads' queries and context lengths and the next
+    drafting scores them (`history_in_draft`): the tokens and, once the last stash is scored, the
+    history of scoring in line; as is scoring beside the pass (`history_in_draft` off)."""
+    import contextlib
+    import dataclasses
+
+    from dustin_runtime.policies import SignalPolicy
+
+    cfg = dataclasses.replace(config(*pair, 24), draft_kv=draft_kv)
+    inline_out, inline = run(pair, "dustin", cfg)
+    assert inline.side is None
+    monkeypatch.setattr(SignalPolicy, "_side_stream", lambda self, device: _InOrder())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _InOrder())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    out, h = run(pair, "dustin", cfg)
+    assert h.deferred and out.tokens == inline_out.tokens
+    assert not torch.equal(h.history, inline.history)  # one pass behind until a drafting scores it
+    with torch.inference_mode():  # as the loop runs
+        h.before_draft()
+        h.drafted(h.tokens)
+    assert torch.equal(h.history, inline.history) and not h.forked
+    monkeypatch.setattr(SignalPolicy, "history_in_draft", False)
+    beside_out, b = run(pair, "dustin", cfg)
+    assert not b.deferred and beside_out.tokens == inline_out.tokens and torch.equal(b.history, inline.history)
