@@ -442,6 +442,11 @@ class SignalPolicy(SparsePolicy):
         self.deferred = [g for g in scored if g.qbuf] if self.history_in_draft else []
         self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
 
+    def key(self):
+        """Also what the captured phases' streams do (tests and probes switch these per run)."""
+        key = super().key()
+        return None if key is None else (*key, self.history_stream, self.history_in_draft)
+
     def _side_stream(self, device) -> torch.cuda.Stream | None:
         """The stream the signals are scored on beside the main one (None: in line)."""
         ok = self.history_stream and self.ops.triton and self.tp is None and torch.device(device).type == "cuda"

@@ -1,22 +1,63 @@
 """Probe: the target history of a verification pass scored on the side stream while the next step
 drafts (`SignalPolicy.history_in_draft`) against scoring it beside the rest of the pass (the side
 stream, as before), end to end in `dustin bench e2e`'s loop (random weights at the preset shapes, one
-process, the same caches): ms per step and the phases of each, interleaved runs.
+process, the same caches): ms per step and the phases of each, interleaved runs. Arms `sN` score the
+history in the draft with the scoring kernels' grids sized as if the GPU had N SMs (fewer programs
+beside the draft's kernels; `dustin_kernels.srh_scores.num_sms` patched while the history is scored).
 
-    python probes/probe_history_in_draft.py [policies] [batch] [context] [rounds]  -> $OUT/probe-history-in-draft.json"""
+    python probes/probe_history_in_draft.py [policies] [batch] [context] [rounds] [arms]
+      arms: comma-separated, of beside,draft,sN (default beside,draft,s16,s4)  -> $OUT/probe-history-in-draft.json"""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
-from common import e2e_ab
+import dustin_kernels.srh_scores as srh
+import torch
 
+from dustin_eval.bench_e2e import E2EConfig, run_e2e
 from dustin_runtime.policies import SignalPolicy
+from dustin_runtime.signals import TargetHistory
+
+REAL_NUM_SMS = srh.num_sms
+REAL_SCORE = TargetHistory.score_stashed
 
 
-def main(policies: str = "dustin,dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2") -> None:
-    e2e_ab(policies, batch, context, rounds, lambda on: setattr(SignalPolicy, "history_in_draft", on), "in_draft",
-           "probe-history-in-draft.json")
+def arm(name: str) -> None:
+    SignalPolicy.history_in_draft = name != "beside"
+    sms = int(name[1:]) if name.startswith("s") else None
+
+    def score_stashed(self, *a, **k):
+        if sms is not None:
+            srh.num_sms = lambda device: sms
+        try:
+            return REAL_SCORE(self, *a, **k)
+        finally:
+            srh.num_sms = REAL_NUM_SMS
+
+    TargetHistory.score_stashed = score_stashed
+
+
+def main(policies: str = "dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2",
+         arms: str = "beside,draft,s16,s4") -> None:
+    cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(policies.split(",")), alphas=(),
+                    phase_reps=10)
+    rows = []
+    for r in range(int(rounds)):
+        for name in arms.split(","):
+            arm(name)
+            for rec in run_e2e(cfg, command="probe_history_in_draft")["records"]:
+                row = {"round": r, "arm": name, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
+                       "graph_phase_ms": rec["graph_phase_ms"]}
+                rows.append(row)
+                print(row, flush=True)
+    arm("draft")
+    with open(os.path.join(os.environ.get("OUT", "."), "probe-history-in-draft.json"), "w") as f:
+        json.dump({"config": {"batch": cfg.batch, "context": cfg.context, "policies": list(cfg.policies)},
+                   "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("DUSTIN_GIT_COMMIT"),
+                   "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
