@@ -10,17 +10,18 @@ beside the draft's kernels; `dustin_kernels.srh_scores.num_sms` patched while th
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 
-import dustin_kernels.srh_scores as srh
 import torch
 
 from dustin_eval.bench_e2e import E2EConfig, run_e2e
 from dustin_runtime.policies import SignalPolicy
 from dustin_runtime.signals import TargetHistory
 
+srh = importlib.import_module("dustin_kernels.srh_scores")  # the module (the package exports a function of that name)
 REAL_NUM_SMS = srh.num_sms
 REAL_SCORE = TargetHistory.score_stashed
 
