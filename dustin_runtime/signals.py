@@ -27,6 +27,12 @@ from dustin_runtime.label_keys import LabelKeys
 from dustin_runtime.ops import SparseOps
 from dustin_runtime.sparse import Head
 
+# The stashed history's scoring beside the draft forwards runs on grids for this many SMs, leaving the
+# rest to the draft's latency-bound kernels (H200, dustin-vs at the 7B / 0.5B shapes, 32k, batch 16:
+# 8.96-8.99 ms a step at 8 or 16 against 9.09-9.13 on the whole GPU and 9.09-9.18 beside the pass;
+# probes/probe_history_in_draft.py). None: the device's.
+HISTORY_SMS: int | None = 16
+
 
 @dataclass(frozen=True)
 class LayerHeads:
@@ -60,10 +66,10 @@ def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int
 
 def score_heads(ops: SparseOps, q: torch.Tensor, lh: LayerHeads, k_cache: torch.Tensor, lens: torch.Tensor,
                 out: torch.Tensor, reduce: str, accumulate: bool, counters: str = "srh",
-                scale: float | None = None) -> None:
+                scale: float | None = None, sms: int | None = None) -> None:
     """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order (D: the keys' width,
-    the label keys' r with `scale` = the model's 1 / sqrt(head_dim))."""
-    kw = dict(reduce=reduce, accumulate=accumulate, counters=counters, scale=scale)
+    the label keys' r with `scale` = the model's 1 / sqrt(head_dim); `sms`: grids for that many SMs)."""
+    kw = dict(reduce=reduce, accumulate=accumulate, counters=counters, scale=scale, sms=sms)
     if lh.groups is not None:
         B, Hs, M, D = q.shape
         q = q.reshape(B, lh.groups.numel(), Hs // lh.groups.numel() * M, D)  # [B, Gs, r * M, D]
@@ -174,7 +180,7 @@ class TargetHistory:
         for layer, lh in self.layers.items():
             keys = k_caches[layer] if self.labels is None else self.labels.k[layer]
             score_heads(self.ops, qbufs[layer], lh, keys, lens, out, self.reduce, layer != self.first,
-                        counters=counters, scale=scale)
+                        counters=counters, scale=scale, sms=HISTORY_SMS)
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
               out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None,

@@ -240,6 +240,7 @@ def srh_scores(
     store_probs: bool | None = None,
     queries_as_m: bool | None = None,
     counters: str = "srh",
+    sms: int | None = None,
 ) -> torch.Tensor:
     """Importance of every context position from the selected retrieval heads of one layer.
 
@@ -259,7 +260,8 @@ def srh_scores(
     block, warps and stages over 4 x SMs / B programs per sequence (16 x SMs / B from stored
     probabilities). counters: the namespace of the split combine's ticket counters
     (`_util.ticket_counters`): launches that may run at the same time on different streams take
-    different names. A stored tile's rows are one element longer than the block: an unaligned row is
+    different names. sms: size the grids for a GPU of this many SMs (default: the device's); a scoring
+    that runs beside latency-bound kernels on another stream leaves them the rest. A stored tile's rows are one element longer than the block: an unaligned row is
     stored straight from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory
     shuffle (measured on the H200).
     """
@@ -288,8 +290,9 @@ def srh_scores(
         num_stages = 3
     if queries_as_m is None:
         queries_as_m = BLOCK_M >= 64
+    n_sm = num_sms(q.device) if sms is None else max(1, int(sms))
     if num_splits is None:
-        num_splits = max(1, min(cdiv(4 * num_sms(q.device), B * HS), cdiv(N, block_n)))
+        num_splits = max(1, min(cdiv(4 * n_sm, B * HS), cdiv(N, block_n)))
     chunk = cdiv(cdiv(N, num_splits), block_n) * block_n
     splits = cdiv(N, chunk)
     n_blocks = cdiv(N, block_n)
@@ -312,7 +315,7 @@ def srh_scores(
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
         STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, num_warps=num_warps, num_stages=num_stages,
     )
-    p2 = cdiv((16 if store_probs else 4) * num_sms(q.device), B)  # stored: a few blocks per program
+    p2 = cdiv((16 if store_probs else 4) * n_sm, B)  # stored: a few blocks per program
     if store_probs:
         per_prog = cdiv(n_blocks, max(1, min(p2, n_blocks)))
         _srh_prob_kernel[(cdiv(n_blocks, per_prog), B)](

@@ -2,15 +2,15 @@
 drafts (`SignalPolicy.history_in_draft`) against scoring it beside the rest of the pass (the side
 stream, as before), end to end in `dustin bench e2e`'s loop (random weights at the preset shapes, one
 process, the same caches): ms per step and the phases of each, interleaved runs. Arms `sN` score the
-history in the draft with the scoring kernels' grids sized as if the GPU had N SMs (fewer programs
-beside the draft's kernels; `dustin_kernels.srh_scores.num_sms` patched while the history is scored).
+history in the draft with the scoring kernels' grids sized for N SMs (`signals.HISTORY_SMS`; fewer
+programs beside the draft's kernels), `all` on the whole GPU's grids. (7eef98c ran the arms
+beside,draft,s33,s16,s8 with `draft` = the whole GPU's grids, patching `srh_scores.num_sms`.)
 
     python probes/probe_history_in_draft.py [policies] [batch] [context] [rounds] [arms]
-      arms: comma-separated, of beside,draft,sN (default beside,draft,s16,s4)  -> $OUT/probe-history-in-draft.json"""
+      arms: comma-separated, of beside,draft,sN (default beside,draft,all,s8)  -> $OUT/probe-history-in-draft.json"""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -18,31 +18,21 @@ import sys
 import torch
 
 from dustin_eval.bench_e2e import E2EConfig, run_e2e
+from dustin_runtime import signals
 from dustin_runtime.policies import SignalPolicy
-from dustin_runtime.signals import TargetHistory
 
-srh = importlib.import_module("dustin_kernels.srh_scores")  # the module (the package exports a function of that name)
-REAL_NUM_SMS = srh.num_sms
-REAL_SCORE = TargetHistory.score_stashed
+DEFAULT = signals.HISTORY_SMS
 
 
 def arm(name: str) -> None:
+    """beside: scored beside the pass; draft: in the draft on the default grids; all: in the draft on the
+    whole GPU's grids; sN: in the draft on grids for N SMs."""
     SignalPolicy.history_in_draft = name != "beside"
-    sms = int(name[1:]) if name.startswith("s") else None
-
-    def score_stashed(self, *a, **k):
-        if sms is not None:
-            srh.num_sms = lambda device: sms
-        try:
-            return REAL_SCORE(self, *a, **k)
-        finally:
-            srh.num_sms = REAL_NUM_SMS
-
-    TargetHistory.score_stashed = score_stashed
+    signals.HISTORY_SMS = (DEFAULT if name in ("beside", "draft") else None if name == "all" else int(name[1:]))
 
 
 def main(policies: str = "dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2",
-         arms: str = "beside,draft,s16,s4") -> None:
+         arms: str = "beside,draft,all,s8") -> None:
     cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(policies.split(",")), alphas=(),
                     phase_reps=10)
     rows = []

@@ -93,6 +93,17 @@ def test_sum_of_probabilities_is_heads_times_queries():
     torch.testing.assert_close(out.sum(1).cpu(), torch.full((2,), 12.0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("sms", [1, 3, 64])
+def test_grids_for_other_sm_counts_match_reference(sms):
+    """`sms` sizes the grids (1 split per sequence and head up to many, pass 2 likewise): the scores
+    stay the reference's."""
+    dev = _device()
+    q, kv_heads, k, lens = _inputs(2, 3, 5, 16, 2, 301, [0, 1, 1], torch.float32, dev, seed=9)
+    for reduce in ("sum", "max"):
+        out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16, sms=sms)
+        assert rel_err(out, srh_scores_ref(q, kv_heads, k, lens, reduce=reduce)) <= 1e-5
+
+
 def test_bad_inputs_raise_dustin_error():
     q = torch.randn(1, 2, 3, 16)
     k = torch.randn(1, 2, 10, 16)
