@@ -401,8 +401,6 @@ class SignalPolicy(SparsePolicy):
     over the set of the config's `draft_group`."""
 
     history_stream = True  # score history and lookahead on a side stream (False: in line; tests and probes compare)
-    history_in_draft = True  # with the side stream: score a pass's history while the next step drafts (False:
-    #                          beside the rest of the pass; probes compare)
 
     def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
         super().__init__(cfg, target, draft, **kw)
@@ -427,25 +425,24 @@ class SignalPolicy(SparsePolicy):
                                                 self.labels)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
                         if self.refresh else None)
-        # The history (next step's signal) is scored on a side stream, beside the rest of the pass
-        # (the kernels of one pass, CUDA only, one process); its queries wait in buffers of their own.
+        # With a side stream (CUDA, one process) a pass's history (the next step's signal) is deferred: the
+        # pass stashes its retrieval heads' queries (qbuf) and context lengths, and the next step's
+        # drafting scores them on the side stream (`before_draft`), beside the draft's small kernels.
         scored = [g for g in self.groups if g.target_signal is not None]
         self.side = self._side_stream(device) if scored or self.lookaheads else None
         self.forked = self.holding = False
-        for g in scored:
-            if self.side is not None:
-                width = t.head_dim if self.labels is None else self.labels.r
-                g.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, width,
-                                             dtype=self.target.dtype, device=device)
-                          for layer, lh in g.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
-        # deferred history: the pass stashes its queries (qbuf) and context lengths; the next drafting scores
-        self.deferred = [g for g in scored if g.qbuf] if self.history_in_draft else []
+        self.deferred = scored if self.side is not None else []
+        for g in self.deferred:
+            width = t.head_dim if self.labels is None else self.labels.r
+            g.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, width,
+                                         dtype=self.target.dtype, device=device)
+                      for layer, lh in g.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
         self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
 
     def key(self):
-        """Also what the captured phases' streams do (tests and probes switch these per run)."""
+        """Also whether the captured phases use the side stream (tests switch it per run)."""
         key = super().key()
-        return None if key is None else (*key, self.history_stream, self.history_in_draft)
+        return None if key is None else (*key, self.history_stream)
 
     def _side_stream(self, device) -> torch.cuda.Stream | None:
         """The stream the signals are scored on beside the main one (None: in line)."""
@@ -508,10 +505,7 @@ class SignalPolicy(SparsePolicy):
                 if layer in g.qbuf and g.target_signal.stash(layer, q, g.qbuf[layer]) and layer == g.target_signal.first:
                     self.hist_lens.copy_(ctx.start)
             elif g.target_signal is not None:
-                buf = g.qbuf.get(layer)
-                side = self.side if buf is not None and q.shape[::2] == buf.shape[::2] and q.dtype == buf.dtype else None
-                scored = g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history, side, buf)
-                self.forked |= scored and side is not None
+                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
         scorer = self.refresh.get(layer)
         if scorer is not None:  # the set again, from this layer's current queries: this and later layers attend it
             c = self.cfg

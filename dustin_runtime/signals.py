@@ -10,8 +10,8 @@
   queries) score the pass's context [0, L); the result is the next step's history. The prefill's
   last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one. On
   CUDA the pass only stashes its queries and L, and the scoring runs on the side stream while the
-  next step drafts (`SignalPolicy.history_in_draft`): the draft's small kernels leave most of the
-  GPU's bandwidth idle, where the verification's GEMMs hold every SM.
+  next step drafts (on grids for `HISTORY_SMS`): the draft's small kernels leave most of the GPU's
+  bandwidth idle, where the verification's GEMMs hold every SM.
 
 Scores are softmax over [0, L) per query and head, reduced over queries, heads and layers by the
 config's aggregation ("sum" or "max"), into caller-owned [B, N_max] fp32 buffers; rows >= L are 0.
@@ -29,8 +29,8 @@ from dustin_runtime.sparse import Head
 
 # The stashed history's scoring beside the draft forwards runs on grids for this many SMs, leaving the
 # rest to the draft's latency-bound kernels (H200, dustin-vs at the 7B / 0.5B shapes, 32k, batch 16:
-# 8.96-8.99 ms a step at 8 or 16 against 9.09-9.13 on the whole GPU and 9.09-9.18 beside the pass;
-# probes/probe_history_in_draft.py). None: the device's.
+# 8.94-8.99 ms a step at 8 or 16 against 9.09-9.13 on the whole GPU and 9.09-9.18 beside the pass,
+# probes/results/history-in-draft-8f86e1f; kernels/NOTES.md). None: the device's.
 HISTORY_SMS: int | None = 16
 
 
@@ -183,30 +183,13 @@ class TargetHistory:
                         counters=counters, scale=scale, sms=HISTORY_SMS)
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
-              out: torch.Tensor, side: torch.cuda.Stream | None = None, qbuf: torch.Tensor | None = None,
-              rows: tuple[int, int] | None = None) -> bool:
+              out: torch.Tensor, rows: tuple[int, int] | None = None) -> bool:
         """At an SRH layer: add the heads' softmax mass of q [B, H, M, D] over [0, lens) into out
-        [B, N_max] (the pass's first SRH layer overwrites it); False at other layers.
-
-        With a `side` stream the heads' queries are copied into `qbuf` [B, Hs, M, D or r] (a buffer that
-        outlives the pass) on the current stream and the scoring runs on `side`, beside the rest of
-        the pass: the caller makes the current stream wait for `side` before anything reads `out`
-        and before `lens` or the cache rows [0, lens) can change."""
+        [B, N_max] (the pass's first SRH layer overwrites it); False at other layers."""
         lh = self.layers.get(layer)
         if lh is None:
             return False
-        scale = None if self.labels is None else self.labels.scale
-        if side is None:
-            qs, keys = self.inputs(layer, q, k_cache, rows)
-            score_heads(self.ops, qs, lh, keys, lens, out, self.reduce, layer != self.first, scale=scale)
-            return True
-        if self.labels is None:
-            qs, keys = torch.index_select(q, 1, lh.query, out=qbuf), k_cache
-        else:
-            qs, keys = self.inputs(layer, q, k_cache)
-            qs = qbuf.copy_(qs)
-        side.wait_stream(torch.cuda.current_stream(q.device))
-        with torch.cuda.stream(side):
-            score_heads(self.ops, qs, lh, keys, lens, out, self.reduce, layer != self.first, counters="srh-side",
-                        scale=scale)
+        qs, keys = self.inputs(layer, q, k_cache, rows)
+        score_heads(self.ops, qs, lh, keys, lens, out, self.reduce, layer != self.first,
+                    scale=None if self.labels is None else self.labels.scale)
         return True

@@ -4,10 +4,12 @@ stream, as before), end to end in `dustin bench e2e`'s loop (random weights at t
 process, the same caches): ms per step and the phases of each, interleaved runs. Arms `sN` score the
 history in the draft with the scoring kernels' grids sized for N SMs (`signals.HISTORY_SMS`; fewer
 programs beside the draft's kernels), `all` on the whole GPU's grids. (7eef98c ran the arms
-beside,draft,s33,s16,s8 with `draft` = the whole GPU's grids, patching `srh_scores.num_sms`.)
+beside,draft,s33,s16,s8 with `draft` = the whole GPU's grids, patching `srh_scores.num_sms`; d33c923
+ran beside,draft. The `beside` arm needs d33c923 or earlier: scoring beside the pass was removed
+after it.)
 
     python probes/probe_history_in_draft.py [policies] [batch] [context] [rounds] [arms]
-      arms: comma-separated, of beside,draft,sN (default beside,draft,all,s8)  -> $OUT/probe-history-in-draft.json"""
+      arms: comma-separated, of beside,draft,sN (default draft,all,s8)  -> $OUT/probe-history-in-draft.json"""
 
 from __future__ import annotations
 
@@ -27,12 +29,14 @@ DEFAULT = signals.HISTORY_SMS
 def arm(name: str) -> None:
     """beside: scored beside the pass; draft: in the draft on the default grids; all: in the draft on the
     whole GPU's grids; sN: in the draft on grids for N SMs."""
+    if name == "beside" and not hasattr(SignalPolicy, "history_in_draft"):
+        raise SystemExit("the beside arm runs against d33c923 or earlier (scoring beside the pass was removed)")
     SignalPolicy.history_in_draft = name != "beside"
     signals.HISTORY_SMS = (DEFAULT if name in ("beside", "draft") else None if name == "all" else int(name[1:]))
 
 
 def main(policies: str = "dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2",
-         arms: str = "beside,draft,all,s8") -> None:
+         arms: str = "draft,all,s8") -> None:
     cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(policies.split(",")), alphas=(),
                     phase_reps=10)
     rows = []

@@ -96,7 +96,7 @@ class ChannelHistory(TargetHistory):
         self.__dict__.update(inner.__dict__)
         self.channels, self.n_rep = channels, n_rep
 
-    def score(self, layer, q, k_cache, lens, out, side=None, qbuf=None):
+    def score(self, layer, q, k_cache, lens, out, rows=None):
         if layer not in self.layers:
             return False
         ch = self.channels[layer]  # [G, r]
@@ -106,7 +106,7 @@ class ChannelHistory(TargetHistory):
         qr = q.gather(-1, idx_q) * (r / D) ** 0.5  # q_r . k_r / sqrt(r) = q_r . k_r / sqrt(D)
         idx_k = ch.view(1, G, 1, r).expand(B, G, k_cache.shape[2], r)
         kr = k_cache.gather(-1, idx_k)
-        return super().score(layer, qr, kr, lens, out, side, None)
+        return super().score(layer, qr, kr, lens, out, rows)
 
 
 def with_channels(policy, channels: torch.Tensor):

@@ -143,9 +143,9 @@ def test_refresh_in_the_captured_verify_graph_equals_eager(pair, kv_heads):
 
 @pytest.mark.parametrize("policy", ["dustin", "dustin-vs-r", "dustin-vs-r-c"])
 def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
-    """The target's history scored on a side stream (while the next step drafts, or beside the rest of
-    the verification pass) and the draft's lookahead scored during the step's last draft forward on
-    it, in graphs and eagerly, give the tokens and the signal buffers of scoring in line."""
+    """The target's history scored on a side stream while the next step drafts and the draft's
+    lookahead scored during the step's last draft forward on it, in graphs and eagerly, give the
+    tokens and the signal buffers of scoring in line."""
     from dustin_runtime.policies import SignalPolicy
 
     t, d = pair
@@ -159,18 +159,13 @@ def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
         for p in (h, e):
             p.before_draft()
             p.drafted(p.tokens)
-    monkeypatch.setattr(SignalPolicy, "history_in_draft", False)
-    b = hooks(policy, t, d)
-    beside = speculative_generate(t, d, ps, 24, gamma=4, hooks=b)
-    assert not b.deferred
     monkeypatch.setattr(SignalPolicy, "history_stream", False)
     i = hooks(policy, t, d)
     inline = speculative_generate(t, d, ps, 24, gamma=4, hooks=i, cuda_graphs=False)
     assert i.side is None
-    assert graph.tokens == again.tokens == eager.tokens == beside.tokens == inline.tokens
+    assert graph.tokens == again.tokens == eager.tokens == inline.tokens
     assert graph.stats.accepted == inline.stats.accepted
     assert torch.equal(h.history, i.history) and torch.equal(e.history, i.history)
-    assert torch.equal(b.history, i.history)
     assert torch.equal(h.draft_score, i.draft_score) and torch.equal(e.draft_score, i.draft_score)
     assert h.draft_score.abs().sum() > 0 and h.m > 0  # the lookahead chose rows
 

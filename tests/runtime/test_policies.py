@@ -404,9 +404,9 @@ class _InOrder:
 
 @pytest.mark.parametrize("draft_kv", ["full", "verify-set"])
 def test_history_scored_while_drafting_equals_in_line(pair, monkeypatch, draft_kv):
-    """A verification pass stashes its retrieval heads' queries and context lengths and the next
-    drafting scores them (`history_in_draft`): the tokens and, once the last stash is scored, the
-    history of scoring in line; as is scoring beside the pass (`history_in_draft` off)."""
+    """With a side stream a verification pass stashes its retrieval heads' queries and context lengths
+    and the next drafting scores them: the tokens and, once the last stash is scored, the history of
+    scoring in line."""
     import contextlib
     import dataclasses
 
@@ -414,7 +414,7 @@ def test_history_scored_while_drafting_equals_in_line(pair, monkeypatch, draft_k
 
     cfg = dataclasses.replace(config(*pair, 24), draft_kv=draft_kv)
     inline_out, inline = run(pair, "dustin", cfg)
-    assert inline.side is None
+    assert inline.side is None and not inline.deferred
     monkeypatch.setattr(SignalPolicy, "_side_stream", lambda self, device: _InOrder())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _InOrder())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -425,6 +425,3 @@ def test_history_scored_while_drafting_equals_in_line(pair, monkeypatch, draft_k
         h.before_draft()
         h.drafted(h.tokens)
     assert torch.equal(h.history, inline.history) and not h.forked
-    monkeypatch.setattr(SignalPolicy, "history_in_draft", False)
-    beside_out, b = run(pair, "dustin", cfg)
-    assert not b.deferred and beside_out.tokens == inline_out.tokens and torch.equal(b.history, inline.history)
