@@ -481,8 +481,8 @@ class SignalPolicy(SparsePolicy):
         for g in self.groups:
             if g.target_signal is not None:  # scored now (the first set may be chosen before drafting) and,
                 g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
-                if g in self.deferred and layer in g.qbuf and g.target_signal.stash(layer, q, g.qbuf[layer], (b0, b1)):
-                    self.hist_lens[b0:b1].copy_(ctx.start)  # deferred, again by the first drafting (same result)
+                if g in self.deferred:  # deferred, scored again by the first drafting (the same result)
+                    self._stash(g, layer, q, ctx.start, (b0, b1))
 
     def observe_draft(self, layer, q, slot):
         """Stash the lookahead's queries; in the step's last draft forward (every query in), score each
@@ -502,8 +502,7 @@ class SignalPolicy(SparsePolicy):
             self.labels.write(layer, cache.k[layer], ctx.positions)
         for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
             if g in self.deferred:  # scored while the next step drafts (`before_draft`)
-                if layer in g.qbuf and g.target_signal.stash(layer, q, g.qbuf[layer]) and layer == g.target_signal.first:
-                    self.hist_lens.copy_(ctx.start)
+                self._stash(g, layer, q, ctx.start)
             elif g.target_signal is not None:
                 g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
         scorer = self.refresh.get(layer)
@@ -515,6 +514,16 @@ class SignalPolicy(SparsePolicy):
                 self.tp.all_reduce_(self.current, op=c.aggregation)
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
                                     window=c.window, m=c.free)
+
+    def _stash(self, g: GroupSignals, layer: int, q: torch.Tensor, start: torch.Tensor,
+               rows: tuple[int, int] | None = None) -> None:
+        """A pass's retrieval queries at `layer` (rows [b0, b1) of the batch, where given) into g's
+        buffers, and its context lengths once per pass, for the next `before_draft`."""
+        if layer not in g.qbuf:
+            return
+        g.target_signal.stash(layer, q, g.qbuf[layer], rows)
+        if layer == g.target_signal.first:
+            (self.hist_lens if rows is None else self.hist_lens[rows[0]: rows[1]]).copy_(start)
 
     def before_draft(self):
         super().before_draft()

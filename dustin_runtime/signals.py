@@ -154,16 +154,14 @@ class TargetHistory:
         keys = self.labels.k[layer]
         return self.labels.queries(qs, self.label_idx[layer]), keys if rows is None else keys[rows[0]: rows[1]]
 
-    def stash(self, layer: int, q: torch.Tensor, qbuf: torch.Tensor, rows: tuple[int, int] | None = None) -> bool:
-        """At an SRH layer: copy the heads' queries of q [b, H, M, D] into qbuf [B, Hs, M', D or r] (rows
-        [b0, b1) of it where q is a slice of the batch; M < M' queries fill the first slots and the rest
-        are zero, a uniform score) for `score_stashed`; False at other layers."""
-        lh = self.layers.get(layer)
-        if lh is None:
-            return False
+    def stash(self, layer: int, q: torch.Tensor, qbuf: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+        """Copy the heads' queries of q [b, H, M, D] at SRH layer `layer` into qbuf [B, Hs, M', D or r]
+        (rows [b0, b1) of it where q is a slice of the batch; M < M' queries fill the first slots and
+        the rest are zero, a uniform score) for `score_stashed`."""
+        lh = self.layers[layer]
         if self.labels is None and rows is None and q.shape[2] == qbuf.shape[2]:
             torch.index_select(q, 1, lh.query, out=qbuf)
-            return True
+            return
         qs = q.index_select(1, lh.query)
         if self.labels is not None:
             qs = self.labels.queries(qs, self.label_idx[layer])
@@ -171,7 +169,6 @@ class TargetHistory:
         if qs.shape[2] < dst.shape[2]:
             dst.zero_()
         dst[:, :, : qs.shape[2]].copy_(qs)
-        return True
 
     def score_stashed(self, qbufs: dict[int, torch.Tensor], k_caches: list[torch.Tensor], lens: torch.Tensor,
                       out: torch.Tensor, counters: str = "srh-side") -> None:

@@ -261,9 +261,9 @@ def srh_scores(
     probabilities). counters: the namespace of the split combine's ticket counters
     (`_util.ticket_counters`): launches that may run at the same time on different streams take
     different names. sms: size the grids for a GPU of this many SMs (default: the device's); a scoring
-    that runs beside latency-bound kernels on another stream leaves them the rest. A stored tile's rows are one element longer than the block: an unaligned row is
-    stored straight from the MMA layout, ~1.8x faster than a vectorised store after a shared-memory
-    shuffle (measured on the H200).
+    that runs beside latency-bound kernels on another stream leaves them the rest. A stored tile's
+    rows are one element longer than the block: an unaligned row is stored straight from the MMA
+    layout, ~1.8x faster than a vectorised store after a shared-memory shuffle (measured on the H200).
     """
     require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
     require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")

@@ -29,9 +29,10 @@ DEFAULT = signals.HISTORY_SMS
 def arm(name: str) -> None:
     """beside: scored beside the pass; draft: in the draft on the default grids; all: in the draft on the
     whole GPU's grids; sN: in the draft on grids for N SMs."""
-    if name == "beside" and not hasattr(SignalPolicy, "history_in_draft"):
+    if hasattr(SignalPolicy, "history_in_draft"):  # d33c923 and earlier
+        SignalPolicy.history_in_draft = name != "beside"
+    elif name == "beside":
         raise SystemExit("the beside arm runs against d33c923 or earlier (scoring beside the pass was removed)")
-    SignalPolicy.history_in_draft = name != "beside"
     signals.HISTORY_SMS = (DEFAULT if name in ("beside", "draft") else None if name == "all" else int(name[1:]))
 
 
