@@ -59,16 +59,6 @@ class AttentionBackend:
         RoPE'd queries through `attend` instead (the default)."""
         return None
 
-    def forward_set(self, ctx: ForwardContext) -> tuple[torch.Tensor, int] | None:
-        """For a draft forward that the model may run as one kernel (`dustin_kernels.draft_forward`):
-        (indices [B, NI] int32, SMs to leave free) where every layer attends the same index set
-        plus the new tokens (causally), or None (the default) for the layer-by-layer path."""
-        return None
-
-    def observed(self, layer: int, q: torch.Tensor, ctx: ForwardContext) -> None:
-        """After a forward run as one kernel: layer `layer`'s RoPE'd queries q [B, H, T, D] (the
-        layer-by-layer path hands them to `attend` instead)."""
-
     def end(self, ctx: ForwardContext) -> None:
         """Called once after the last layer of a forward pass."""
 

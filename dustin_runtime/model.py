@@ -194,7 +194,6 @@ class Transformer(nn.Module):
         self.register_buffer("rope", torch.empty(2, 0, cfg.head_dim), persistent=False)
         self.fused = False  # fused Triton layer ops (set by `use_kernels`; CUDA only)
         self.skinny = False  # and the linears of forwards of <= skinny.ROUTE_ROWS rows fused with them
-        self.whole = False  # draft forwards over one index set as one CUDA kernel where it runs (`use_kernels`)
         self.head_ids: torch.Tensor | None = None  # [V'] int64: the LM head's vocabulary subset (restrict_head)
         self.head_w: torch.Tensor | None = None  # [V', d]: its rows of the LM head
 
@@ -207,27 +206,7 @@ class Transformer(nn.Module):
         self.fused = on and runnable and d >= 8 and d & (d - 1) == 0
         self.skinny = self.fused and self.tp is None and self.dtype in (torch.bfloat16, torch.float16,
                                                                         torch.float32)
-        self.whole = self.skinny and self.device.type == "cuda" and self.dtype == torch.bfloat16
         return self
-
-    def _whole_set(self, backend: AttentionBackend, ctx: ForwardContext, B: int, T: int):
-        """(indices, SMs to leave) where this forward runs as one kernel (`draft_forward`), else None."""
-        if not self.whole:
-            return None
-        route = backend.forward_set(ctx)
-        if route is None:
-            return None
-        from dustin_kernels.draft_forward import supported
-
-        c = self.cfg
-        ok = supported(self.device, self.dtype, hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
-                       head_dim=c.head_dim, inter=c.intermediate_size, qk_norm=c.qk_norm, B=B, T=T)
-        return route if ok else None
-
-    def layer_weights(self) -> list[tuple]:
-        """Per layer (wqkv, bqkv, wo, bo, w13, w2, attn_norm, ffn_norm): what `draft_forward` reads."""
-        return [(b.attn.wqkv.weight, b.attn.wqkv.bias, b.attn.wo.weight, b.attn.wo.bias, b.ffn.w13.weight,
-                 b.ffn.w2.weight, b.attn_norm.weight, b.ffn_norm.weight) for b in self.layers]
 
     def restrict_head(self, ids: torch.Tensor | None) -> Transformer:
         """Compute logits only for the tokens `ids` (sorted, distinct; FR-Spec's frequency-ranked
@@ -328,22 +307,12 @@ class Transformer(nn.Module):
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
         backend.begin(ctx)
         x, pending = self.embed_tokens(tokens), None  # [B, T, d]
-        whole = self._whole_set(backend, ctx, B, T)
-        if whole is not None:  # every layer in one kernel (`dustin_kernels.draft_forward`)
-            from dustin_kernels.draft_forward import draft_forward
-
-            x, h, q = draft_forward(x, self.layer_weights(), cache.k, cache.v, whole[0], start, self.rope,
-                                    num_heads=self.cfg.num_heads, eps=self.cfg.rms_eps, reserve=whole[1])
-            for i in range(len(self.layers)):
-                backend.observed(i, q[i], ctx)
-            x, pending = x.view(B, T, -1), h.unsqueeze(0)  # pending: one partial sum [1, B T, d]
-        else:
-            for i, block in enumerate(self.layers):
-                x, pending = block(x, i, rope, cache, backend, ctx, pending)
+        for i, block in enumerate(self.layers):
+            x, pending = block(x, i, rope, cache, backend, ctx, pending)
         backend.end(ctx)
         if logits == "none":
             return None
-        if rope.skinny or whole is not None:  # pending: partial sums [P, B T, d]
+        if rope.skinny:  # pending: partial sums [P, B T, d]
             from dustin_kernels.layer_ops import add_rms_norm
 
             if logits == "last" and T > 1:

@@ -142,20 +142,6 @@ class _DraftBackend(AttentionBackend):
         p.observe_draft(layer, q, self.slot)
         return out
 
-    def forward_set(self, ctx):
-        """Sparse drafting on CUDA: the whole forward may run as one kernel over the draft set,
-        leaving the SMs of the side stream's scoring free (`signals.HISTORY_SMS`)."""
-        p = self.policy
-        if ctx.phase != "draft" or p.draft_set is None or not p.ops.triton:
-            return None
-        from dustin_runtime.signals import HISTORY_SMS
-
-        return p.draft_set.idx, HISTORY_SMS if getattr(p, "side", None) is not None else 0
-
-    def observed(self, layer, q, ctx):
-        if ctx.phase == "draft":
-            self.policy.observe_draft(layer, q, self.slot)
-
     def end(self, ctx):
         if ctx.phase == "draft":
             self.policy.join()

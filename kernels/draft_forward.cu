@@ -14,11 +14,13 @@
 //   E  h = act @ W2.T, two K halves added into a zeroed fp32 buffer (two addends: order-free)
 //
 // Weights stream into a ring of NSLOT shared-memory slots through bulk copies (cp.async.bulk +
-// mbarrier); each CTA walks a static schedule of weight chunks across phases and layers, so the next
-// phase's weights are in flight while the CTA waits at a grid barrier. Activations come from L2
-// (cp.async.cg). Matrix products are mma.sync m16n8k16 bf16 -> fp32, K split over the 8 warps and
-// summed in shared memory in a fixed order (deterministic). Roundings follow the Triton path
-// (skinny.py, layer_ops.py, verify_attention.py): bf16 after each linear, norm as rms_norm_ref.
+// mbarrier) issued by a producer warp (warp 7) that walks this CTA's static schedule of weight
+// chunks across phases and layers, so the next phase's weights are in flight while the compute
+// warps wait at a grid barrier. Activations come from L2 (cp.async.cg). Matrix products are
+// mma.sync m16n8k16 bf16 -> fp32, K split over the 7 compute warps and summed in shared memory in
+// a fixed order (deterministic). Roundings follow the Triton path (skinny.py, layer_ops.py,
+// verify_attention.py): bf16 after each linear, norm as rms_norm_ref. PROF builds stamp clock64
+// at every barrier for probes/probe_draft_megakernel.py.
 //
 // Compile-time shapes (-D): HID, NQ, NKV, HD (64), INTER, MT (row tiles of 16: 1 or 2), NSLOT,
 // HAS_QKV_BIAS, HAS_O_BIAS. No headers: NVRTC compiles it as is.
@@ -421,31 +423,7 @@ __device__ void norm_stage(const Params& p, u16* X, float* inv, const u16* R, co
 }
 
 // ---------------------------------------------------------------- phase B: attention
-#ifndef PREFETCH_KV
-#define PREFETCH_KV 1
-#endif
-// The context rows this CTA's attention units read at `layer`, pulled into L2 ahead of phase B
-// (the set is the same in every layer; the rows sit in HBM, one 128-byte line per K or V row).
 __device__ __forceinline__ int split_rows(const Params& p) { return ((p.ni + p.spl - 1) / p.spl + 15) / 16 * 16; }
-__device__ void prefetch_kv(const Params& p, int layer, const int* kidx) {
-#if PREFETCH_KV
-  const u64* tp = p.ptrs + (u64)layer * NPTR;
-  const int ch = split_rows(p);
-  for (int unit = blockIdx.x; unit < p.B * NKV * p.spl; unit += gridDim.x) {
-    const int pair = unit / p.spl, s = unit % p.spl, b = pair / NKV, kvh = pair % NKV;
-    const int lo = imin(s * ch, p.ni), hi = imin(lo + ch, p.ni);
-    const u64 head = ((u64)b * NKV + kvh) * p.nmax;
-    const bool cached = unit == (int)blockIdx.x && hi - lo <= KIDX_MAX;
-    for (int v = threadIdx.x; v < 2 * (hi - lo); v += NTHR) {
-      const int row = cached ? kidx[v >> 1] : p.idx[(u64)b * p.ni + lo + (v >> 1)];
-      if (row >= 0) {
-        const u16* a = (const u16*)tp[(v & 1) ? P_V : P_K] + (head + row) * HD;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-      }
-    }
-  }
-#endif
-}
 
 __device__ void attention_unit(const Params& p, int layer, int unit, u16* XS, float* misc, const int* kidx) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
@@ -762,7 +740,6 @@ extern "C" __global__ void __launch_bounds__(NBLOCK, 1) draft_forward_kernel(con
     rope_s[(r * 2 + 1) * HD + d] = p.rope[((u64)p.nr + pos) * HD + d];
   }
   csync();
-  prefetch_kv(p, 0, kidx);
   u32 epoch = 0;
 
   for (int layer = 0; layer < p.nlayers; ++layer) {
@@ -922,7 +899,6 @@ extern "C" __global__ void __launch_bounds__(NBLOCK, 1) draft_forward_kernel(con
         csync();
       }
     }
-    if (layer + 1 < p.nlayers) prefetch_kv(p, layer + 1, kidx);  // the next layer's attention rows into L2
     phase_end(p, layer, 4, epoch);
   }
   // exit: the last CTA out zeroes the barrier's counters

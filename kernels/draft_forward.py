@@ -14,11 +14,17 @@ output h [B * T, d] fp32, and the RoPE'd queries of every layer q [L, B, H, T, D
 roundings as the Triton path (`skinny_linear`, `add_rms_norm`, `sparse_verify_attention_rope`);
 the kernel's partial sums run in another order, so results agree to rounding, not bit for bit.
 
+Status: correct (GPU tests against the twin; on the runtime's path at b3ecc3d the decoding loop's
+tokens equal the layer-by-layer path's) but slower than the Triton path it would replace (0.995 vs
+0.735 ms for the Qwen2.5-0.5B draft's 24 layers at batch 16, one token; kernels/NOTES.md has the
+per-phase profile), so the runtime does not route to it; `probes/probe_draft_megakernel.py` measures it.
+
 Where it runs (`supported`): compute capability 9.0 (Hopper: bulk copies, mbarriers), bf16,
 head_dim 64, no q / k norm, B * T <= 32, (H / G) * T <= 16 query rows per KV head, shapes that
 are multiples of 16, and a hidden size whose weight slots fit shared memory (Qwen2.5-0.5B's 896 and
-SmolLM2's 576 do; Llama-3.2-1B's 2048 does not: its rows would need K chunks in every phase). Each launch uses every SM but `reserve` (left to a side stream), one CTA per SM
-joined by grid barriers: nothing else may hold those SMs for long while it runs.
+SmolLM2's 576 do; Llama-3.2-1B's 2048 does not: its rows would need K chunks in every phase).
+Each launch uses every SM but `reserve` (left to a side stream), one CTA per SM joined by grid
+barriers: nothing else may hold those SMs for long while it runs (a wait past ~10 s traps).
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ SMEM_LIMIT = 227 * 1024  # shared memory one block may hold on Hopper (sm_90)
 LOG2E = 1.4426950408889634
 _TABLES: dict = {}
 _COMPILED: dict = {}
-EXTRA_DEFINES: dict = {}  # probes: compile-time switches of draft_forward.cu (e.g. PREFETCH_KV=0)
 
 
 class _Params(ctypes.Structure):
@@ -149,7 +154,6 @@ def draft_forward(
 
 def _kernel(device: torch.device, **defines):
     """The kernel compiled for these shapes (NVRTC, once per process and device)."""
-    defines = {**defines, **EXTRA_DEFINES}
     key = (device.index, tuple(sorted(defines.items())))
     k = _COMPILED.get(key)
     if k is None:

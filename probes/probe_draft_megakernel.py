@@ -5,7 +5,11 @@
 
 Correctness: logits of both paths and of the fp32 torch reference (`draft_forward_ref`), the new
 K / V rows both write, the RoPE'd queries. Speed: CUDA-graph time of the layers alone and of the
-forward with its LM head, per path, grid sizes (every SM; 16 SMs left to a side stream).
+forward with its LM head, per path, grid sizes (every SM; 16 SMs left to a side stream); where the
+time goes inside the kernel (a PROF build's clock64 stamps at every grid barrier and inside phases).
+The runs in probes/results/draft-megakernel (r3 = b3ecc3d) also timed an arm without the L2
+prefetch of the attention's rows (`mega_layers_noprefetch`): the prefetch was no faster and was
+removed after b3ecc3d.
 `python probes/probe_draft_megakernel.py [batch] [context] [rows]`; writes $OUT/probe-draft-megakernel.json."""
 
 from __future__ import annotations
@@ -130,13 +134,6 @@ def main(batch=16, context=32768, rows=521):
                          ("skinny_layers_again", body_skinny), ("mega_layers_again", lambda tok=tok: mega(tok, logits=False))):
             timing[name] = round(graph_ms([fn], replays=30, budget_ms=None, warmup=3)["median_ms"], 4)
             print(f"T={T} {name}: {timing[name]:.4f} ms", flush=True)
-        import dustin_kernels.draft_forward as dfw
-
-        dfw.EXTRA_DEFINES = {"PREFETCH_KV": 0}  # the K / V rows not pulled into L2 ahead of the attention
-        timing["mega_layers_noprefetch"] = round(graph_ms([lambda tok=tok: mega(tok, logits=False)], replays=30,
-                                                          budget_ms=None, warmup=3)["median_ms"], 4)
-        dfw.EXTRA_DEFINES = {}
-        print(f"T={T} mega_layers_noprefetch: {timing['mega_layers_noprefetch']:.4f} ms", flush=True)
         rec["graph_ms"] = timing
         # where the time goes: clock64 stamps at every barrier (a PROF build), per CTA
         from dustin_kernels._util import num_sms

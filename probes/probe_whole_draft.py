@@ -2,7 +2,8 @@
 `dustin_kernels.draft_forward`) against the layer-by-layer Triton path, end to end in `dustin bench
 e2e`'s loop (random weights at the preset shapes, one process), interleaved rounds. Arms: `layers`
 (the kernel off), `whole` (on; 16 SMs left to the side stream's history scoring while drafting),
-`whole-r0` (on, every SM).
+`whole-r0` (on, every SM). Runs against b3ecc3d, the last commit where the runtime routes draft
+forwards to the kernel (removed after: measured slower, kernels/NOTES.md).
 
     python probes/probe_whole_draft.py [policies] [batch] [context] [rounds] [arms]
       -> $OUT/probe-whole-draft.json"""

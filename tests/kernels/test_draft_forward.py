@@ -104,3 +104,10 @@ def test_matches_reference(B, T, H, G, hidden, inter, layers, ni, bias):
         mask[b, :, int(lens[b]):int(lens[b]) + T] = False
     k0 = make(B, T, H, G, hidden, inter, layers, ni, bias=bias, device="cuda")[2][0]
     assert torch.equal(kc[0][mask], k0[mask])
+
+
+def test_cuda_jit_refuses_a_cpu_device():
+    from dustin_kernels.cuda_jit import kernel
+
+    with pytest.raises(KernelArgumentError):
+        kernel('extern "C" __global__ void k() {}', "k", {}, torch.device("cpu"))
