@@ -64,6 +64,7 @@ constexpr float NEG_BIG = -1.0e30f;
 static_assert(HD == 64, "head_dim 64 only");
 static_assert(HID % 16 == 0 && OK % 16 == 0 && INTER % 32 == 0 && KH % 16 == 0, "shapes must be multiples of 16");
 static_assert(CHK_E <= XK, "E chunk wider than a slot");
+static_assert(RED_FLOATS >= RP * ((HID + 63) / 64), "the reduction buffer holds the norm's row slices");
 static_assert(XREGION >= (RP + 1) * XPITCH, "the staging region holds the rows and a norm weight row");
 
 // per layer pointer table (u64 each)
@@ -356,8 +357,20 @@ __device__ __forceinline__ void stage(u16* X, int xp, const u16* src, int ld, in
 }
 
 // x = R (+ bf16(hsum)) staged in X; CTA 0 writes it to Rout; then X = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))).
+struct __align__(16) v16 {  // 8 bf16
+  u32 x, y, z, w;
+};
+__device__ __forceinline__ float sq2(u32 v) {
+  const float a = bf2f(v & 0xffffu), b = bf2f(v >> 16);
+  return a * a + b * b;
+}
+__device__ __forceinline__ u32 nrm2(u32 x, u32 w, float iv) {  // bf16(w * bf16(x * iv)), two at a time
+  return pack2(bf2f(w & 0xffffu) * rbf(bf2f(x & 0xffffu) * iv), bf2f(w >> 16) * rbf(bf2f(x >> 16) * iv));
+}
+
+// scratch: RP * ceil(HID / 64) floats (the reduction buffer, free between the phases' products)
 __device__ void norm_stage(const Params& p, u16* X, float* inv, const u16* R, const float* hsum, u16* Rout,
-                           const u16* nw) {
+                           const u16* nw, float* scratch) {
   stage(X, XPITCH, R, HID, 0, HID, p.rows);
   u16* ws = X + RP * XPITCH;  // the norm weight, staged beside the rows (row RP of the region)
   for (int i = threadIdx.x; i < HID / 8; i += NTHR) cp16(ws + 8 * i, nw + 8 * i, true);
@@ -391,33 +404,47 @@ __device__ void norm_stage(const Params& p, u16* X, float* inv, const u16* R, co
     }
     csync();
   }
+  constexpr int V8 = HID / 8;  // 16-byte vectors of a row
   if (blockIdx.x == 0 && Rout != nullptr) {
-    for (int i = threadIdx.x; i < p.rows * (HID / 2); i += NTHR) {
-      const int r = i / (HID / 2), c = 2 * (i % (HID / 2));
-      *reinterpret_cast<u32*>(Rout + r * HID + c) = lds32(X + r * XPITCH + c);
+    for (int i = threadIdx.x; i < p.rows * V8; i += NTHR) {
+      const int r = i / V8, c = 8 * (i % V8);
+      *reinterpret_cast<v16*>(Rout + r * HID + c) = *reinterpret_cast<const v16*>(X + r * XPITCH + c);
     }
   }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int r = warp; r < RP; r += NWARP) {
+  // row sums of squares: every thread a (row, 64 columns) slice, then each row's slices in order
+  constexpr int CH = (HID + 63) / 64;
+  for (int i = threadIdx.x; i < RP * CH; i += NTHR) {
+    const int r = i / CH, c0 = 64 * (i % CH);
     float s = 0.f;
-    for (int c = 2 * lane; c < HID; c += 64) {
-      const u32 v = lds32(X + r * XPITCH + c);
-      const float a = bf2f(v & 0xffffu), b = bf2f(v >> 16);
-      s += a * a + b * b;
-    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) inv[r] = rsqrtf(s / HID + p.eps);
+    for (int k = 0; k < 8; ++k) {
+      if (c0 + 8 * k < HID) {
+        const v16 v = *reinterpret_cast<const v16*>(X + r * XPITCH + c0 + 8 * k);
+        s += sq2(v.x) + sq2(v.y) + sq2(v.z) + sq2(v.w);
+      }
+    }
+    scratch[i] = s;
   }
   csync();
-  for (int i = threadIdx.x; i < p.rows * (HID / 2); i += NTHR) {
-    const int r = i / (HID / 2), c = 2 * (i % (HID / 2));
-    u32* xp = reinterpret_cast<u32*>(X + r * XPITCH + c);
-    const u32 v = *xp, wv = lds32(ws + c);
+  if (threadIdx.x < RP) {
+    float s = 0.f;
+    for (int c = 0; c < CH; ++c) s += scratch[threadIdx.x * CH + c];
+    inv[threadIdx.x] = rsqrtf(s / HID + p.eps);
+  }
+  csync();
+  const int nv = p.rows * V8;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < nv; i += NTHR) {
+    const int r = i / V8, c = 8 * (i % V8);
+    v16* xp = reinterpret_cast<v16*>(X + r * XPITCH + c);
+    const v16 x = *xp, w = *reinterpret_cast<const v16*>(ws + c);
     const float iv = inv[r];
-    const float a = bf2f(wv & 0xffffu) * rbf(bf2f(v & 0xffffu) * iv);
-    const float b = bf2f(wv >> 16) * rbf(bf2f(v >> 16) * iv);
-    *xp = pack2(a, b);
+    v16 o;
+    o.x = nrm2(x.x, w.x, iv);
+    o.y = nrm2(x.y, w.y, iv);
+    o.z = nrm2(x.z, w.z, iv);
+    o.w = nrm2(x.w, w.w, iv);
+    *xp = o;
   }
   csync();
 }
@@ -748,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(NBLOCK, 1) draft_forward_kernel(con
     u16* Rout = (layer & 1) ? p.r0 : p.r1;
     // ---- A: norm, qkv, RoPE, cache write
     if ((int)blockIdx.x < UNITS_A) {
-      norm_stage(p, XS, inv, Rin, layer > 0 ? p.hsum : nullptr, Rout, (const u16*)tp[P_N1]);
+      norm_stage(p, XS, inv, Rin, layer > 0 ? p.hsum : nullptr, Rout, (const u16*)tp[P_N1], red);
 #if HAS_QKV_BIAS
       const u16* bq = (const u16*)tp[P_BQKV];
 #endif
@@ -847,7 +874,7 @@ extern "C" __global__ void __launch_bounds__(NBLOCK, 1) draft_forward_kernel(con
     phase_end(p, layer, 2, epoch);
     // ---- D: act = SwiGLU(rms(R) @ W13.T)
     if ((int)blockIdx.x < UNITS_D) {
-      norm_stage(p, XS, inv, Rout, nullptr, nullptr, (const u16*)tp[P_N2]);
+      norm_stage(p, XS, inv, Rout, nullptr, nullptr, (const u16*)tp[P_N2], red);
       stamp(p, layer, 12);
       for (int u = blockIdx.x; u < UNITS_D; u += gridDim.x) {
         const u16* W = ring_wait(ring);
