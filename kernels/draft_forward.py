@@ -15,8 +15,8 @@ roundings as the Triton path (`skinny_linear`, `add_rms_norm`, `sparse_verify_at
 the kernel's partial sums run in another order, so results agree to rounding, not bit for bit.
 
 Status: correct (GPU tests against the twin; on the runtime's path at b3ecc3d the decoding loop's
-tokens equal the layer-by-layer path's) but slower than the Triton path it would replace (0.995 vs
-0.735 ms for the Qwen2.5-0.5B draft's 24 layers at batch 16, one token; kernels/NOTES.md has the
+tokens equal the layer-by-layer path's) but slower than the Triton path it would replace (0.884 vs
+0.736 ms for the Qwen2.5-0.5B draft's 24 layers at batch 16, one token, at 3e1e567; kernels/NOTES.md has the
 per-phase profile), so the runtime does not route to it; `probes/probe_draft_megakernel.py` measures it.
 
 Where it runs (`supported`): compute capability 9.0 (Hopper: bulk copies, mbarriers), bf16,
