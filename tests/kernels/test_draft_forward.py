@@ -111,3 +111,10 @@ def test_cuda_jit_refuses_a_cpu_device():
 
     with pytest.raises(KernelArgumentError):
         kernel('extern "C" __global__ void k() {}', "k", {}, torch.device("cpu"))
+
+
+def test_the_cuda_source_ships_with_the_package():
+    import dustin_kernels.draft_forward as dfw
+
+    with open(dfw._SOURCE) as f:
+        assert 'extern "C" __global__' in f.read()
