@@ -5,13 +5,11 @@
   `sparse_verify_attention_rope` takes the fused qkv projection instead (RoPE and the cache write inside).
 - `srh_scores`: softmax mass of retrieval-head queries per context position, [B, N_max].
 - `select_indices`: sinks + window + top-m by one score + fill by another, sorted, exact size.
-- `draft_forward` (module `dustin_kernels.draft_forward`, CUDA C++ compiled at run time by NVRTC
-  through `cuda_jit`): a draft's decode forward over one index set as one persistent kernel.
 - `lookup_draft`: a draft token copied from a sequence's history (longest, most recent n-gram
   match; a copy in progress goes on), else the draft model's; written to the history and counted.
 
 Each has a `<name>_ref` pure-torch reference (fp32 math). Launchers refuse bad arguments with
-`KernelArgumentError` (a ValueError). The package imports torch and triton only (and loads libnvrtc / libcuda through ctypes).
+`KernelArgumentError` (a ValueError). The package imports torch and triton only.
 """
 
 from dustin_kernels._util import KernelArgumentError

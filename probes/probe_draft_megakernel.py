@@ -1,5 +1,5 @@
 """Probe: the draft's decode forward over its verification set as one persistent CUDA kernel
-(`dustin_kernels.draft_forward`) against the Triton path the runtime uses now (`skinny_linear` +
+(`dustin_kernels.draft_forward`, in the tree from b3ecc3d to 86cfce4: run it against 86cfce4) against the Triton path the runtime uses now (`skinny_linear` +
 `sparse_verify_attention_rope`, ~7 kernels a layer), Qwen2.5-0.5B shapes with random weights, batch
 16, 32k context, a 521-row set (S 512 + 2 gamma + 1), T = 1 and 2 tokens per sequence.
 
