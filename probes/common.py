@@ -65,10 +65,11 @@ def report_set_ppl(out: str, target, draft, wins, context: int, variants, **reco
                    "rows": rows}, f, indent=1)
 
 
-def e2e_ab(names: str, batch: str, context: str, rounds: str, arm, key: str, out_file: str) -> None:
-    """`dustin bench e2e`'s loop for the policies `names` with a switch on and off (`arm(on)` sets it),
-    interleaved for `rounds` rounds in one process: ms per step and phase graph times of each, printed
-    and written to $OUT/out_file (the switch is left on)."""
+def e2e_arms(names: str, batch: str, context: str, rounds: str, arms, set_arm, final, out_file: str,
+             key: str = "arm") -> None:
+    """`dustin bench e2e`'s loop for the policies `names` under each of `arms` (`set_arm(a)` switches to
+    arm a), interleaved for `rounds` rounds in one process: ms per step and phase graph times of each,
+    printed and written to $OUT/out_file (rows labelled `key`: the arm); `final` is switched on last."""
     import json
     import os
 
@@ -79,14 +80,20 @@ def e2e_ab(names: str, batch: str, context: str, rounds: str, arm, key: str, out
     cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(names.split(",")), alphas=(), phase_reps=10)
     rows = []
     for r in range(int(rounds)):
-        for on in (True, False):
-            arm(on)
+        for a in arms:
+            set_arm(a)
             for rec in run_e2e(cfg, command=out_file)["records"]:
-                row = {"round": r, key: on, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
+                row = {"round": r, key: a, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
                        "graph_phase_ms": rec["graph_phase_ms"]}
                 rows.append(row)
                 print(row, flush=True)
-    arm(True)
+    set_arm(final)
     with open(os.path.join(os.environ.get("OUT", "."), out_file), "w") as f:
         json.dump({"config": {"batch": cfg.batch, "context": cfg.context, "policies": list(cfg.policies)},
-                   "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+                   "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("DUSTIN_GIT_COMMIT"),
+                   "rows": rows}, f, indent=1)
+
+
+def e2e_ab(names: str, batch: str, context: str, rounds: str, arm, key: str, out_file: str) -> None:
+    """`e2e_arms` with a switch on and off (`arm(on)` sets it; rows labelled `key`: on), left on."""
+    e2e_arms(names, batch, context, rounds, (True, False), arm, True, out_file, key)

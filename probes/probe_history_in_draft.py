@@ -13,13 +13,10 @@ after it.)
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
-import torch
+from common import e2e_arms
 
-from dustin_eval.bench_e2e import E2EConfig, run_e2e
 from dustin_runtime import signals
 from dustin_runtime.policies import SignalPolicy
 
@@ -38,23 +35,7 @@ def arm(name: str) -> None:
 
 def main(policies: str = "dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2",
          arms: str = "draft,all,s8") -> None:
-    cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(policies.split(",")), alphas=(),
-                    phase_reps=10)
-    rows = []
-    for r in range(int(rounds)):
-        for name in arms.split(","):
-            arm(name)
-            for rec in run_e2e(cfg, command="probe_history_in_draft")["records"]:
-                row = {"round": r, "arm": name, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
-                       "graph_phase_ms": rec["graph_phase_ms"]}
-                rows.append(row)
-                print(row, flush=True)
-    arm("draft")
-    with open(os.path.join(os.environ.get("OUT", "."), "probe-history-in-draft.json"), "w") as f:
-        json.dump({"config": {"batch": cfg.batch, "context": cfg.context, "policies": list(cfg.policies)},
-                   "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("DUSTIN_GIT_COMMIT"),
-                   "rows": rows}, f, indent=1)
-
+    e2e_arms(policies, batch, context, rounds, arms.split(","), arm, "draft", "probe-history-in-draft.json")
 
 if __name__ == "__main__":
     main(*sys.argv[1:])

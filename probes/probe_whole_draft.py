@@ -10,13 +10,10 @@ forwards to the kernel (removed after: measured slower, kernels/NOTES.md).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
-import torch
+from common import e2e_arms
 
-from dustin_eval.bench_e2e import E2EConfig, run_e2e
 from dustin_runtime import policies as pol
 from dustin_runtime.model import Transformer
 
@@ -37,23 +34,7 @@ def arm(name: str) -> None:
 
 def main(policies: str = "dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2",
          arms: str = "layers,whole,whole-r0") -> None:
-    cfg = E2EConfig(batch=int(batch), context=int(context), policies=tuple(policies.split(",")), alphas=(),
-                    phase_reps=10)
-    rows = []
-    for r in range(int(rounds)):
-        for name in arms.split(","):
-            arm(name)
-            for rec in run_e2e(cfg, command="probe_whole_draft")["records"]:
-                row = {"round": r, "arm": name, "policy": rec["policy"], "ms_per_step": rec["ms_per_step"],
-                       "graph_phase_ms": rec["graph_phase_ms"]}
-                rows.append(row)
-                print(row, flush=True)
-    arm("whole")
-    with open(os.path.join(os.environ.get("OUT", "."), "probe-whole-draft.json"), "w") as f:
-        json.dump({"config": {"batch": cfg.batch, "context": cfg.context, "policies": list(cfg.policies)},
-                   "gpu": torch.cuda.get_device_name(), "commit": os.environ.get("DUSTIN_GIT_COMMIT"),
-                   "rows": rows}, f, indent=1)
-
+    e2e_arms(policies, batch, context, rounds, arms.split(","), arm, "whole", "probe-whole-draft.json")
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
