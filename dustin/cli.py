@@ -602,7 +602,9 @@ def eval_acceptance(
     draft_vocab: DraftVocab = None,
     draft_lookup: DraftLookup = None,
     contexts: Contexts = "4096,8192",
-    windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows (one per book) per context, decoded as one batch."),
+    windows: int = typer.Option(2, min=1, max=MAX_COUNT, help="Windows per context, decoded as one batch."),
+    windows_per_book: int = typer.Option(1, min=1, max=MAX_COUNT, help="Consecutive windows taken from each book "
+                                         "(books in seeded order); intervals then resample books, not windows."),
     max_new_tokens: NewTokens = 64,
     gamma: Gamma = 4,
     budgets: Budgets = "128,256,512,1024",
@@ -634,7 +636,7 @@ def eval_acceptance(
     ints = _ints(budgets, "--budgets")
     chosen = tuple(_policies(policies))
     cfg = acc.AcceptanceConfig(
-        contexts=tuple(_ints(contexts, "--contexts")), windows=windows,
+        contexts=tuple(_ints(contexts, "--contexts")), windows=windows, windows_per_book=windows_per_book,
         max_new_tokens=max_new_tokens, gamma=gamma, budgets=tuple(ints), policies=chosen,
         books_dir=str(books_dir) if books_dir else acc.AcceptanceConfig.books_dir, measure_arr=measure_arr,
         paired=paired, lookup=None if draft_lookup is None else LookupConfig.parse(draft_lookup),
@@ -674,7 +676,8 @@ def eval_acceptance(
         if loaded is not None:
             extra["profile"] = {"path": loaded.path, "sha256": loaded.sha256}
         prov = provenance(models={"target": tgt.model_id, "draft": drf.model_id},
-                          shapes={"contexts": list(cfg.contexts), "windows": windows, "gamma": gamma,
+                          shapes={"contexts": list(cfg.contexts), "windows": windows,
+                                  "windows_per_book": windows_per_book, "gamma": gamma,
                                   "max_new_tokens": max_new_tokens}, extra=extra)
         j, m = acc.write_acceptance(records, out_dir, name, prov, cfg, configs)
     console.print(f"wrote {j} and {m}")

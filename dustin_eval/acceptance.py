@@ -1,7 +1,8 @@
 """`dustin eval acceptance`: how much of speculative decoding's acceptance each verification policy
 keeps at each budget, on the same long prompts.
 
-Per context length, `windows` windows of Gutenberg text (one per book, seeded order) decode
+Per context length, `windows` windows of Gutenberg text (`windows_per_book` consecutive windows per
+book, default one, books in seeded order) decode
 `max_new_tokens` greedy tokens together as one batch under every policy: `full` once, the others
 at every budget S. All runs of one context share one prefill (everything but the last gamma + 1
 prompt tokens, which each policy prefills itself for its first target-history signal), so the
@@ -54,6 +55,7 @@ class AcceptanceConfig:
 
     contexts: tuple[int, ...] = (4096, 8192)
     windows: int = 2
+    windows_per_book: int = 1  # several: consecutive windows of a book; intervals resample books
     max_new_tokens: int = 64
     gamma: int = 4
     budgets: tuple[int, ...] = (128, 256, 512, 1024)
@@ -68,7 +70,8 @@ class AcceptanceConfig:
         bad = [p for p in self.policies if p not in POLICIES]
         if bad:
             raise DustinError(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
-        if not self.contexts or not self.budgets or self.windows < 1 or self.max_new_tokens < 1:
+        if not self.contexts or not self.budgets or self.windows < 1 or self.max_new_tokens < 1 \
+                or self.windows_per_book < 1:
             raise DustinError("give at least one context, one budget, one window and one new token")
         if min(self.contexts) < 1 or min(self.budgets) < 1 or self.gamma < 1:
             raise DustinError(f"contexts {list(self.contexts)}, budgets {list(self.budgets)} and gamma {self.gamma} "
@@ -86,6 +89,8 @@ def resume_key(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], extra: M
     common = {k: v for k, v in asdict(cfg).items() if k not in ("contexts", "policies", "budgets")}
     if cfg.lookup is None:  # as keys written before the option existed
         del common["lookup"]
+    if cfg.windows_per_book == 1:  # the same
+        del common["windows_per_book"]
     runs = {f"S={b}": {k: v for k, v in asdict(c).items() if k != "source"} for b, c in sorted(configs.items())}
     return {**common, **dict(extra or {}), "runs": runs}
 
@@ -139,7 +144,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
     for context in cfg.contexts:
         n = _prompt_len(context, cfg, target, draft)
         windows = list(iter_windows(target.tokenizer, cfg.books_dir, n, seed=cfg.seed, max_windows=cfg.windows,
-                                    max_windows_per_book=1))
+                                    max_windows_per_book=cfg.windows_per_book))
         if len(windows) < cfg.windows:
             raise DustinError(f"{cfg.books_dir}: only {len(windows)} windows of {n} tokens")
         prompts = [w.ids for w in windows]
@@ -204,9 +209,13 @@ def _per_sequence(accepted: list[list[int]]) -> dict:
 def intervals(r: dict, full: dict) -> dict:
     """95% bootstrap intervals over the windows (sequences) of a run's tau, retention vs full, paired
     retention, paired drafting retention and ARR (`dustin_eval.intervals`; empty for records made
-    before they were kept)."""
-    from dustin_eval.intervals import bootstrap, ratio_of_sums
+    before they were kept). Windows of one book are resampled together (the record's `books`)."""
+    from functools import partial
 
+    from dustin_eval.intervals import bootstrap as plain
+    from dustin_eval.intervals import ratio_of_sums
+
+    bootstrap = partial(plain, groups=r.get("books"))
     out = {}
     if r.get("tokens_per_sequence"):  # tokens per step itself (accepted drafts + 1), pooled over the windows
         _, lo, hi = bootstrap(ratio_of_sums, r["tokens_per_sequence"], r["steps_per_sequence"])
@@ -258,7 +267,8 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
         sub = [r for r in rows if r["context"] == context]
         if not sub:
             continue
-        head = f"context {context} ({sub[0]['prompt_tokens']} prompt tokens, {cfg.windows} windows)"
+        per = "" if cfg.windows_per_book == 1 else f", up to {cfg.windows_per_book} a book"
+        head = f"context {context} ({sub[0]['prompt_tokens']} prompt tokens, {cfg.windows} windows{per})"
         for title, fmt in (("tau [95% interval] (retention vs full [95% interval])",
                             lambda r: f"{r['tau']:.2f}{_ci(r.get('tau_ci'), '.2f')} "
                                       f"({r['retention']:.1%}{_ci(r.get('retention_ci'), '.1%')})"),
@@ -289,7 +299,9 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
             "draft's whole cache (each step drafted both ways). "
             "ARR = mean share of each verification query's true attention on the context that the set keeps "
             "(new tokens left out). prefix = mean share of each sequence's tokens identical to full "
-            "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences).")
+            "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences)"
+            + (f", the {cfg.windows_per_book} windows of a book resampled together (books are the unit)."
+               if cfg.windows_per_book > 1 else "."))
     if cfg.lookup is not None:
         note += (f" Every run drafts with context lookup (`--draft-lookup {cfg.lookup.label()}`: a draft token is "
                  "copied from the sequence's own history where its last n-gram recurs, n from "

@@ -3,7 +3,9 @@
 A statistic is a function of per-window arrays (e.g. summed NLL and token counts of a policy and of
 full attention on the same windows); the bootstrap resamples windows with replacement, keeps the
 pairing (one index draws the same window for every array), recomputes the statistic and reports
-the percentile interval. Seeded, so a table is reproducible."""
+the percentile interval. Seeded, so a table is reproducible. Windows that share a book are not
+independent: given `groups` (a label per window, e.g. its book), whole groups are resampled (a
+cluster bootstrap); with one window per group that is the plain bootstrap, draw for draw."""
 
 from __future__ import annotations
 
@@ -16,18 +18,38 @@ LEVEL = 0.95
 
 
 def bootstrap(stat: Callable[..., float], *arrays: Sequence[float], resamples: int = RESAMPLES,
-              level: float = LEVEL, seed: int = 0) -> tuple[float, float, float]:
+              level: float = LEVEL, seed: int = 0, groups: Sequence | None = None) -> tuple[float, float, float]:
     """(value, low, high): stat(*arrays) and the `level` percentile interval of stat over
-    `resamples` paired resamples of the windows (the arrays' common first axis)."""
+    `resamples` paired resamples of the windows (the arrays' common first axis), or of the windows'
+    `groups` (one label per window: each resample draws as many groups as there are, with
+    replacement, and takes every window of each)."""
     xs = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(xs[0])
     if n == 0 or any(len(x) != n for x in xs):
         raise ValueError(f"bootstrap needs arrays of one non-zero length, got {[len(x) for x in xs]}")
+    if groups is not None and len(groups) != n:
+        raise ValueError(f"bootstrap: {len(groups)} group labels for {n} windows")
     value = float(stat(*xs))
-    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    boot = np.array([stat(*(x[i] for x in xs)) for i in idx])
+    members = _members(groups, n)
+    draws = np.random.default_rng(seed).integers(0, len(members), size=(resamples, len(members)))
+    if len(members) < n:  # some group holds several windows: each draw takes all of them
+        draws = (np.concatenate([members[g] for g in d]) for d in draws)
+    else:  # one window a group: the plain bootstrap, draw for draw
+        draws = np.concatenate(members)[draws]
+    boot = np.array([stat(*(x[i] for x in xs)) for i in draws])
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     return value, float(lo), float(hi)
+
+
+def _members(groups: Sequence | None, n: int) -> list[np.ndarray]:
+    """Window indices of each group, groups in order of first appearance (each window its own group
+    when `groups` is None)."""
+    if groups is None:
+        return [np.array([i]) for i in range(n)]
+    index: dict = {}
+    for i, g in enumerate(groups):
+        index.setdefault(g, []).append(i)
+    return [np.array(v) for v in index.values()]
 
 
 def ppl_ratio(nll: np.ndarray, tokens: np.ndarray, nll_ref: np.ndarray, tokens_ref: np.ndarray) -> float:

@@ -135,3 +135,24 @@ def test_acceptance_with_context_lookup(setup):
         run_acceptance(tgt, drf, configs, replace(cfg, lookup=None), runs)
     _, m = write_acceptance(recs, root / "lk", "l", provenance(), cfg, configs)
     assert "--draft-lookup 4:1" in m.read_text()
+
+
+def test_windows_per_book_takes_consecutive_windows_and_resamples_books(setup, tmp_path):
+    tgt, drf, books, _ = setup
+    cfg = AcceptanceConfig(contexts=(90,), windows=4, windows_per_book=2, max_new_tokens=5, gamma=3, budgets=(24,),
+                           policies=("full", "dustin"), books_dir=str(books))
+    configs = {24: SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, 24, sinks=2, window=6)}
+    recs = run_acceptance(tgt, drf, configs, cfg, tmp_path / "w.runs.jsonl")
+    names = recs[0]["books"]
+    assert len(names) == 4 and len(set(names)) == 2 and names[0] == names[1] and names[2] == names[3]
+    from dustin_eval.pg19 import iter_windows
+
+    want = [w.ids for w in iter_windows(tgt.tokenizer, books, 90, max_windows=4, max_windows_per_book=2)]
+    assert [w.index for w in iter_windows(tgt.tokenizer, books, 90, max_windows=4, max_windows_per_book=2)] == [0, 1, 0, 1]
+    alone = speculative_generate(tgt.model, drf.model, want, 5, gamma=3,
+                                 hooks=make_policy("full", None, target=tgt.model, draft=drf.model))
+    assert alone.tokens == recs[0]["tokens"]
+    key = json.loads((tmp_path / "w.key.json").read_text())
+    assert key["windows_per_book"] == 2
+    with pytest.raises(Exception, match="windows_per_book|settings|differ"):  # a resume with other settings is refused
+        run_acceptance(tgt, drf, configs, replace(cfg, windows_per_book=1), tmp_path / "w.runs.jsonl")

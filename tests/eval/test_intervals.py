@@ -48,3 +48,22 @@ def test_ratio_of_sums_and_bad_input():
         bootstrap(mean, [])
     with pytest.raises(ValueError):
         bootstrap(ratio_of_sums, [1.0, 2.0], [1.0])
+
+
+def test_groups_resample_books_not_windows():
+    """Four identical windows per book are one book's worth of evidence: resampling books gives the
+    interval of the 8 books' values (draw for draw), far wider than treating the 32 windows as
+    independent; one window a group is the plain bootstrap exactly."""
+    rng = np.random.default_rng(3)
+    books = rng.normal(1.0, 0.2, 8)
+    windows = np.repeat(books, 4)
+    labels = [f"book{i}" for i in range(8) for _ in range(4)]
+    v, lo, hi = bootstrap(mean, windows, groups=labels, resamples=1000)
+    v8, lo8, hi8 = bootstrap(mean, books, resamples=1000)
+    assert (v, lo, hi) == pytest.approx((v8, lo8, hi8), abs=1e-12)
+    _, lo32, hi32 = bootstrap(mean, windows, resamples=1000)
+    assert hi - lo > 1.6 * (hi32 - lo32)  # sqrt(4) = 2 in theory
+    x = rng.normal(0.0, 1.0, 12)
+    assert bootstrap(mean, x, groups=[f"g{i}" for i in range(12)]) == bootstrap(mean, x)
+    with pytest.raises(ValueError):
+        bootstrap(mean, x, groups=["a"] * 11)
