@@ -89,9 +89,12 @@ repro-evals-gpu: .stamp-install
 # The draft with context lookup and paired drafting, 24 eval windows x 256 tokens at 4k / 8k (GPU):
 # results/acceptance-24x256; and the SmolLM2 pair end to end with real acceptance, with and without
 # the lookup (GPU): results/bench/lookup-3b28db1/smol
-.PHONY: repro-lookup bench-e2e-smollm2
+.PHONY: repro-lookup repro-draft-paired-books bench-e2e-smollm2
 repro-lookup: .stamp-install
 	ONLY="acceptance-draft-paired acceptance-lookup" PY=$(PY) bash scripts/gpu_evals.sh
+# Sparse drafting against full-KV drafting on 72 windows (3 of every eval book; GPU): results/acceptance-72x256
+repro-draft-paired-books: .stamp-install
+	ONLY="acceptance-draft-paired-books" PY=$(PY) bash scripts/gpu_evals.sh
 bench-e2e-smollm2: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
 		--new-tokens 256 --policies ar,full,dustin-vs --alphas '' --draft-lookup 4:2

@@ -12,7 +12,8 @@
 # at S = 768 and 1024) acceptance-draft-paired (sparse drafting against full-KV drafting on the same steps:
 # every eval book, 24 windows, into $ACP; not part of the default run) acceptance-lookup (the draft
 # with context lookup, --draft-lookup 4:2, and 4:1 under full verification alone; 24 windows, into $ACP;
-# not part of the default run).
+# not part of the default run) acceptance-draft-paired-books (the same comparison on 72 windows, the
+# first 3 of every eval book, intervals resampling books; into $ACB; not part of the default run).
 set -u
 PY=${PY:-python3}
 TARGET=${TARGET:-smollm2}
@@ -27,7 +28,8 @@ refresh=${REFRESH:+--refresh-layers $REFRESH}
 PGO=${PGO:-results/pg19-16x1024}  # output folders (overridable: a device run writes under $OUT)
 ACO=${ACO:-results/acceptance-8x256}
 ACP=${ACP:-results/acceptance-24x256}
-STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup"
+ACB=${ACB:-results/acceptance-72x256}
+STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -76,6 +78,12 @@ if want_only acceptance-draft-paired; then  # each step drafted twice (set and w
   run $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 24 \
     --max-new-tokens 256 --budgets 512 --policies dustin --draft-kv verify-set --profile $P1 $refresh \
     --out-dir $ACP --name smollm2-draft-verify-set
+fi
+if want_only acceptance-draft-paired-books; then  # 3 windows of every eval book; intervals resample books
+  echo "== acceptance-draft-paired-books"
+  run $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 72 \
+    --windows-per-book 3 --max-new-tokens 256 --budgets 512 --policies dustin --draft-kv verify-set --profile $P1 \
+    $refresh --out-dir $ACB --name smollm2-draft-verify-set
 fi
 if want_only acceptance-lookup; then
   echo "== acceptance-lookup"

@@ -315,6 +315,7 @@ CASES = {
     "acceptance-contexts-text": ([*ACC, "--contexts", "abc"], ["--contexts 'abc'"]),
     "acceptance-contexts-0": ([*ACC, "--contexts", "0"], ["--contexts: 0 is below 1"]),
     "acceptance-windows-0": ([*ACC, "--windows", "0"], ["--windows"]),
+    "acceptance-windows-per-book-0": ([*ACC, "--windows-per-book", "0"], ["--windows-per-book"]),
     "acceptance-max-new-tokens-0": ([*ACC, "--max-new-tokens", "0"], ["--max-new-tokens"]),
     "acceptance-threads-0": ([*ACC, "--threads", "0"], ["--threads"]),
     "acceptance-policy-unknown": ([*ACC, "--policies", "h2o"], ["unknown polic"]),
