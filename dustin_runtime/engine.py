@@ -22,7 +22,8 @@ autoregressive decoding and one for the latest draft on the target model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,24 @@ import torch
 from dustin_runtime.kv_cache import KVCache
 
 CAPACITY_STEP = 256  # caches are allocated in rows of this multiple, so calls of similar lengths share one
+# The BLAS front end of the phases' torch GEMMs on CUDA (cuBLAS's own heuristic otherwise). H200, Qwen2.5-7B
+# linears: w2 at 80 rows (a verification pass, batch 16) 37.1 vs 42.8 us, the others equal, equal at 16
+# rows (probes/probe_verify_gemm.py, kernels/NOTES.md). The user's setting is restored after each phase.
+BLAS = "cublaslt"
+
+
+@contextmanager
+def blas_library(name: str | None) -> Iterator[None]:
+    """torch's preferred BLAS library set to `name` inside the block, then put back (None: untouched)."""
+    if name is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def graphs_supported(device: torch.device | str, sampled: bool) -> bool:
@@ -43,11 +62,13 @@ def graphs_supported(device: torch.device | str, sampled: bool) -> bool:
 
 class PhaseGraphs:
     """Runs the named phases of a loop: eagerly when disabled; else eager once, then captured into
-    a CUDA graph (all phases share one memory pool, captured and replayed in step order)."""
+    a CUDA graph (all phases share one memory pool, captured and replayed in step order). Calls and
+    captures run under `blas_library(blas)`."""
 
-    def __init__(self, enabled: bool, generator: torch.Generator | None = None):
+    def __init__(self, enabled: bool, generator: torch.Generator | None = None, blas: str | None = None):
         self.enabled = enabled
         self.generator = generator
+        self.blas = blas
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.fns: dict[str, Callable[[], None]] = {}  # each phase's function (side measurements call it)
         self.warm: set[str] = set()
@@ -56,7 +77,8 @@ class PhaseGraphs:
     def run(self, name: str, fn: Callable[[], None]) -> None:
         self.fns[name] = fn
         if not self.enabled:
-            fn()
+            with blas_library(self.blas):
+                fn()
             return
         graph = self.graphs.get(name)
         if graph is not None:
@@ -64,12 +86,13 @@ class PhaseGraphs:
             return
         if name not in self.warm:
             self.warm.add(name)
-            fn()
+            with blas_library(self.blas):
+                fn()
             return
         graph = torch.cuda.CUDAGraph()
         if self.generator is not None:
             graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph, pool=self.pool):
+        with blas_library(self.blas), torch.cuda.graph(graph, pool=self.pool):
             fn()
         self.pool = graph.pool()
         self.graphs[name] = graph
@@ -147,7 +170,9 @@ class Engine:
         else:
             device = self.target.device
             gen = torch.Generator(device=device)
-            st = LoopState(PhaseGraphs(graphs and graphs_supported(device, sampled), gen if sampled else None), gen)
+            blas = BLAS if torch.device(device).type == "cuda" else None
+            st = LoopState(PhaseGraphs(graphs and graphs_supported(device, sampled), gen if sampled else None, blas),
+                           gen)
             build(st)
             if key is not None:
                 self.states[key] = st

@@ -221,3 +221,26 @@ def test_graph_path_with_context_lookup_equals_eager(pair, policy):
         assert graph.stats.cuda_graphs and graph.tokens == eager.tokens
         assert graph.stats.accepted == eager.stats.accepted
         assert graph.stats.extra["lookup_share"] == eager.stats.extra["lookup_share"] > 0
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_phases_run_under_the_engines_blas_library_and_put_the_users_back(enabled):
+    """Warm-up call, capture and eager calls see `PhaseGraphs.blas`; the caller's setting holds after each."""
+    from dustin_runtime.engine import BLAS, PhaseGraphs
+
+    before = torch.backends.cuda.preferred_blas_library()
+    seen = []
+    x, w = torch.randn(80, 256, device="cuda"), torch.randn(128, 256, device="cuda")
+    y = torch.empty(80, 128, device="cuda")
+
+    def phase():
+        seen.append(torch.backends.cuda.preferred_blas_library())
+        torch.matmul(x, w.t(), out=y)
+
+    pg = PhaseGraphs(enabled, blas=BLAS)
+    for _ in range(3):
+        pg.run("p", phase)
+        assert torch.backends.cuda.preferred_blas_library() == before
+    assert len(seen) == (2 if enabled else 3)  # replays run no Python
+    assert all(str(s).lower().endswith(BLAS) for s in seen)
+    torch.testing.assert_close(y, x @ w.t(), rtol=1e-4, atol=1e-3)
