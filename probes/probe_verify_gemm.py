@@ -7,6 +7,8 @@ each in its own process (a mode leaves global state behind):
   default   F.linear as the runtime calls it (cuBLAS's own heuristic)
   lt        torch.backends.cuda.preferred_blas_library("cublaslt")
   tunable   torch.cuda.tunable (TunableOp) tunes every shape on first use, then its choice runs
+  bias      F.linear with a zero bias vector: torch sends a bf16 GEMM with a 1-D bias to cuBLASLt's
+            gemm_and_bias (no global setting)
 Timed as CUDA graphs over 28 layers of distinct weights (no L2 reuse between calls): one layer's four
 linears, and each linear alone; bytes / time against the copy bandwidth measured in the same process.
 `python probes/probe_verify_gemm.py [rows,...] [modes,...]` -> $OUT/probe-verify-gemm.json."""
@@ -42,7 +44,7 @@ def run_mode(mode: str, rows: list[int]) -> dict:
         tun.tuning_enable(True)
         tun.set_max_tuning_duration(200)
         tun.set_filename(os.path.join(os.environ.get("OUT", "."), "tunableop-results%d.csv"))
-    elif mode != "default":
+    elif mode not in ("default", "bias"):
         raise SystemExit(f"unknown mode {mode}")
     c = preset("qwen2.5-7b")
     d, q, kv, inter = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
@@ -55,6 +57,9 @@ def run_mode(mode: str, rows: list[int]) -> dict:
 
     layers = [{"qkv": w(q + 2 * kv, d), "qkv_b": torch.zeros(q + 2 * kv, device=dev, dtype=dt), "wo": w(d, q),
                "w13": w(2 * inter, d), "w2": w(d, inter)} for _ in range(L)]
+    if mode == "bias":
+        for p in layers:
+            p.update({f"{k}_b": torch.zeros(p[k].shape[0], device=dev, dtype=dt) for k in ("wo", "w13", "w2")})
     bw = copy_tbps()
     out = {"mode": mode, "copy_tbps": bw, "rows": {}}
     for M in rows:
@@ -62,9 +67,9 @@ def run_mode(mode: str, rows: list[int]) -> dict:
         xi = torch.randn(M, inter, device=dev, dtype=dt, generator=g)
         calls = {
             "qkv": lambda p, x=x: F.linear(x, p["qkv"], p["qkv_b"]),
-            "wo": lambda p, x=x: F.linear(x, p["wo"]),
-            "w13": lambda p, x=x: F.linear(x, p["w13"]),
-            "w2": lambda p, xi=xi: F.linear(xi, p["w2"]),
+            "wo": lambda p, x=x: F.linear(x, p["wo"], p.get("wo_b")),
+            "w13": lambda p, x=x: F.linear(x, p["w13"], p.get("w13_b")),
+            "w2": lambda p, xi=xi: F.linear(xi, p["w2"], p.get("w2_b")),
         }
         if mode == "tunable":  # tune every shape before any capture
             for f in calls.values():
