@@ -72,7 +72,7 @@ class AcceptanceConfig:
             raise DustinError(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
         if not self.contexts or not self.budgets or self.windows < 1 or self.max_new_tokens < 1 \
                 or self.windows_per_book < 1:
-            raise DustinError("give at least one context, one budget, one window and one new token")
+            raise DustinError("give at least one context, one budget, one window (and one a book) and one new token")
         if min(self.contexts) < 1 or min(self.budgets) < 1 or self.gamma < 1:
             raise DustinError(f"contexts {list(self.contexts)}, budgets {list(self.budgets)} and gamma {self.gamma} "
                               "must be >= 1")
