@@ -30,22 +30,18 @@ def bootstrap(stat: Callable[..., float], *arrays: Sequence[float], resamples: i
     if groups is not None and len(groups) != n:
         raise ValueError(f"bootstrap: {len(groups)} group labels for {n} windows")
     value = float(stat(*xs))
-    members = _members(groups, n)
-    draws = np.random.default_rng(seed).integers(0, len(members), size=(resamples, len(members)))
-    if len(members) < n:  # some group holds several windows: each draw takes all of them
-        draws = (np.concatenate([members[g] for g in d]) for d in draws)
-    else:  # one window a group: the plain bootstrap, draw for draw
-        draws = np.concatenate(members)[draws]
+    members = None if groups is None else _members(groups)
+    k = n if members is None else len(members)  # units drawn: windows, or groups of them
+    draws = np.random.default_rng(seed).integers(0, k, size=(resamples, k))
+    if k < n:  # some group holds several windows: each draw takes all of them (groups of one window each
+        draws = (np.concatenate([members[g] for g in d]) for d in draws)  # are the windows in order: no mapping)
     boot = np.array([stat(*(x[i] for x in xs)) for i in draws])
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     return value, float(lo), float(hi)
 
 
-def _members(groups: Sequence | None, n: int) -> list[np.ndarray]:
-    """Window indices of each group, groups in order of first appearance (each window its own group
-    when `groups` is None)."""
-    if groups is None:
-        return [np.array([i]) for i in range(n)]
+def _members(groups: Sequence) -> list[np.ndarray]:
+    """Window indices of each group, groups in order of first appearance."""
     index: dict = {}
     for i, g in enumerate(groups):
         index.setdefault(g, []).append(i)

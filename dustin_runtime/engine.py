@@ -77,24 +77,20 @@ class PhaseGraphs:
 
     def run(self, name: str, fn: Callable[[], None]) -> None:
         self.fns[name] = fn
-        if not self.enabled:
-            with blas_library(self.blas):
-                fn()
-            return
         graph = self.graphs.get(name)
         if graph is not None:
             graph.replay()
             return
-        if name not in self.warm:
-            self.warm.add(name)
-            with blas_library(self.blas):
+        with blas_library(self.blas):
+            if not self.enabled or name not in self.warm:  # eager, or the warm-up call before the capture
+                self.warm.add(name)
                 fn()
-            return
-        graph = torch.cuda.CUDAGraph()
-        if self.generator is not None:
-            graph.register_generator_state(self.generator)
-        with blas_library(self.blas), torch.cuda.graph(graph, pool=self.pool):
-            fn()
+                return
+            graph = torch.cuda.CUDAGraph()
+            if self.generator is not None:
+                graph.register_generator_state(self.generator)
+            with torch.cuda.graph(graph, pool=self.pool):
+                fn()
         self.pool = graph.pool()
         self.graphs[name] = graph
         graph.replay()

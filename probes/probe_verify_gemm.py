@@ -23,15 +23,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from dustin_eval.bench_attention import copy_bandwidth_tbps
 from dustin_eval.timing import graph_ms
 from dustin_runtime.presets import preset
-
-
-def copy_tbps() -> float:
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = graph_ms([lambda: b.copy_(a)], replays=10)["median_ms"]
-    return 2 * a.numel() / ms / 1e9
 
 
 def run_mode(mode: str, rows: list[int]) -> dict:
@@ -60,7 +54,7 @@ def run_mode(mode: str, rows: list[int]) -> dict:
     if mode == "bias":
         for p in layers:
             p.update({f"{k}_b": torch.zeros(p[k].shape[0], device=dev, dtype=dt) for k in ("wo", "w13", "w2")})
-    bw = copy_tbps()
+    bw = copy_bandwidth_tbps()["tbps"]
     out = {"mode": mode, "copy_tbps": bw, "rows": {}}
     for M in rows:
         x = torch.randn(M, d, device=dev, dtype=dt, generator=g)
