@@ -1,13 +1,13 @@
 """The `dustin` command: thin typer commands over the library packages.
 
-Commands parse options, plan the policy runs (`dustin_eval.plan`, before any model loads), lock
+Commands parse options, plan the policy runs (`dustin_profile.plan`, before any model loads), lock
 their output, load the models and call the library. Every bad input, a library `DustinError` or a
 usage error of the option parser, becomes one red line on stderr and exit code 2; Ctrl-C one line
 and exit 130.
 
 Tensor parallelism: `torchrun --nproc-per-node N -m dustin.cli COMMAND ... --tp N` (decode, bench
 e2e, every eval). Every rank runs the command; only rank 0 prints and writes (the others' stdout
-goes nowhere and `dustin_runtime.files` writes nothing for them); an error is one line on rank 0
+goes nowhere and `dustin_runtime.io.files` writes nothing for them); an error is one line on rank 0
 and exit code 2 on every rank.
 """
 
@@ -120,7 +120,7 @@ def _names(text: str) -> list[str]:
 
 
 def _policies(text: str) -> list[str]:
-    from dustin_runtime.sparse import POLICIES
+    from dustin_runtime.sparse.config import POLICIES
 
     return list(POLICIES) if text.strip() == "all" else _names(text)
 
@@ -505,7 +505,7 @@ def _one_process(command: str) -> None:
 def _start_tp(tp: int | None, device: str, select: str = "shared"):
     """Join the launcher's process group (tensor parallelism) or run alone (None); rank 0 writes."""
     from dustin_runtime import tp as tensor_parallel
-    from dustin_runtime.files import share_outputs
+    from dustin_runtime.io.files import share_outputs
 
     if select not in tensor_parallel.SELECTIONS:
         raise DustinError(f"--tp-select {select!r}: choose one of {', '.join(tensor_parallel.SELECTIONS)}")
@@ -563,7 +563,7 @@ def decode(
     tp_select: TPSelect = "shared",
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
-    from dustin_eval.plan import plan_sparse
+    from dustin_profile.plan import plan_sparse
     from dustin_runtime import pipeline
     from dustin_runtime.lookup import LookupConfig
     from dustin_runtime.sampling import SamplingConfig
@@ -580,7 +580,7 @@ def decode(
     tgt, drf = _load_pair(target, draft, dtype, device, group, draft_vocab)
     hooks = None
     if drf is not None:
-        from dustin_runtime.policies import make_policy
+        from dustin_runtime.sparse.policies import make_policy
 
         hooks = make_policy(policy, plan.config(tgt, drf), target=tgt.model, draft=drf.model, measure_arr=measure_arr)
     with console.status("decoding", spinner="dots"):
@@ -628,10 +628,10 @@ def eval_acceptance(
     import torch
 
     from dustin_eval import acceptance as acc
-    from dustin_eval.plan import plan_sparse, read_profile, run_identity, sparse_configs
-    from dustin_runtime.files import FolderLock
+    from dustin_profile.plan import plan_sparse, read_profile, run_identity, sparse_configs
+    from dustin_runtime.io.files import FolderLock
+    from dustin_runtime.io.provenance import provenance
     from dustin_runtime.lookup import LookupConfig
-    from dustin_runtime.provenance import provenance
 
     ints = _ints(budgets, "--budgets")
     chosen = tuple(_policies(policies))
@@ -726,7 +726,7 @@ def _layers(text: str) -> tuple[int, ...] | None:
 
 def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=None, refresh=""):
     """Every policy run, checked before any model loads."""
-    from dustin_eval.plan import plan_runs
+    from dustin_profile.plan import plan_runs
 
     return plan_runs(_policies(policy), _ints(budget, "--budget"), profile, sinks, window, all_heads, draft_kv,
                      _layers(refresh))
@@ -735,7 +735,7 @@ def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=
 def _bind(plans, tgt, drf, measure_arr: bool, group=None):
     """The hooks factory of the planned runs on the loaded pair, and their resume key (models,
     dtype, device, tensor-parallel selection, each run's settings)."""
-    from dustin_eval import plan as pl
+    from dustin_profile import plan as pl
 
     configs = pl.sparse_configs(plans, tgt, drf)
     key = {**pl.run_identity(tgt, drf), "measure_arr": measure_arr, "runs": pl.runs_key(plans, configs)}
@@ -779,7 +779,7 @@ def eval_pg19(
 
     from dustin_eval.corpus import book_paths, gutenberg_split
     from dustin_eval.pg19_eval import run_pg19
-    from dustin_runtime.files import FolderLock
+    from dustin_runtime.io.files import FolderLock
 
     plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     books = data or gutenberg_split("eval")
@@ -829,7 +829,7 @@ def eval_passkey(
 
     from dustin_eval.corpus import gutenberg_split, read_filler
     from dustin_eval.passkey_eval import run_passkey
-    from dustin_runtime.files import FolderLock
+    from dustin_runtime.io.files import FolderLock
 
     plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     ctx = _ints(contexts, "--contexts")
@@ -890,7 +890,7 @@ def eval_longbench(
     from dustin_eval.longbench_data import available_datasets
     from dustin_eval.longbench_runner import RunMeta, run_longbench, summarize_predictions
     from dustin_eval.runtime_generator import RuntimeGenerator
-    from dustin_runtime.files import FolderLock
+    from dustin_runtime.io.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 
     plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)

@@ -34,12 +34,12 @@ import torch
 
 from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import FolderLock, check_resume_key
 from dustin_runtime.generate import cache_capacity, prefill
+from dustin_runtime.io.files import FolderLock, check_resume_key
 from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.pipeline import LoadedModel
-from dustin_runtime.policies import make_policy
-from dustin_runtime.sparse import POLICIES, SparseConfig
+from dustin_runtime.sparse.config import POLICIES, SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 from .corpus import gutenberg_split

@@ -12,7 +12,7 @@ Per (model shape, context, batch, budget) it times, in one process on one GPU:
   > 0, dustin's refresh layers (`refresh_step` each: `srh_scores` of every KV head of one layer,
   normalised, then `select_indices` on that one signal, as the verification pass re-selects).
   With `score_channels` r > 0 the estimate and the refresh layers score r of the D key channels
-  from label caches [B, G, N, r] (`dustin_runtime.label_keys`), each scored layer first copying its
+  from label caches [B, G, N, r] (`dustin_runtime.sparse.label_keys`), each scored layer first copying its
   M new rows' channels into its label cache, as the verification pass does.
 Each kernel is timed per layer inside a CUDA graph of many calls over distinct buffers (no launch
 gaps, no L2 reuse between calls, as a decode step runs) and with plain `triton.testing.do_bench`.
@@ -31,9 +31,9 @@ import torch
 
 from dustin_eval.timing import do_bench_ms, graph_ms
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import atomic_write
+from dustin_runtime.io.files import atomic_write
+from dustin_runtime.io.provenance import environment
 from dustin_runtime.presets import preset
-from dustin_runtime.provenance import environment
 
 SCHEMA_VERSION = 1
 
@@ -155,7 +155,7 @@ def refresh_step(q: torch.Tensor, kv_heads: torch.Tensor, keys: torch.Tensor, le
     scores [B, N_max], normalised, then `select_indices` on that signal alone into out [B, S]."""
     from dustin_kernels import select_indices, srh_scores
 
-    from dustin_runtime.signals import normalise_
+    from dustin_runtime.sparse.signals import normalise_
 
     srh_scores(q, kv_heads, keys, lens, out=scores, scale=scale)
     return select_indices(normalise_(scores), None, lens, out=out, **sel_kw)
@@ -286,7 +286,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     scale = 1.0 / math.sqrt(D)
     labels = [None] * n_buf
     if r:
-        from dustin_runtime.label_keys import LabelKeys
+        from dustin_runtime.sparse.label_keys import LabelKeys
 
         ch = torch.stack([torch.randperm(D)[:r] for _ in range(G)]).view(1, G, r)
         labels = [LabelKeys(ch, [0], B, n_max, D, dt, dev) for _ in range(n_buf)]

@@ -24,11 +24,11 @@ from dustin_eval.bench_attention import copy_bandwidth_tbps
 from dustin_eval.timing import events_ms, graph_ms
 from dustin_runtime.attention import TritonAttention
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import atomic_write
+from dustin_runtime.io.files import atomic_write
+from dustin_runtime.io.provenance import environment
 from dustin_runtime.loader import random_model
 from dustin_runtime.model import Transformer
 from dustin_runtime.presets import default_draft, preset
-from dustin_runtime.provenance import environment
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ def sparse_verify_step(model: Transformer, draft: Transformer, cache, tokens: to
     `tokens` [B, M] with sparse attention), and the bytes it must read at least: weights, the selected K/V rows
     and the retrieval heads' keys."""
     from dustin_runtime.attention import TorchAttention
-    from dustin_runtime.policies import make_policy
-    from dustin_runtime.sparse import SparseConfig
+    from dustin_runtime.sparse.config import SparseConfig
+    from dustin_runtime.sparse.policies import make_policy
 
     scfg = SparseConfig(budget=budget, sinks=sinks, window=window, target_heads=srh_heads(model.cfg, srh),
                         source="bench")

@@ -44,9 +44,9 @@ import torch
 
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import atomic_path, atomic_write
 from dustin_runtime.generate import cache_capacity, generate
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.io.files import atomic_path, atomic_write
+from dustin_runtime.sparse.config import SparseConfig
 from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 AR = "ar"
@@ -304,7 +304,7 @@ def random_channels(model_cfg, r: int, seed: int) -> tuple[tuple[tuple[int, ...]
 
 
 def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfig, counts: torch.Tensor | None):
-    from dustin_runtime.policies import make_policy
+    from dustin_runtime.sparse.policies import make_policy
 
     tail = cfg.gamma + 1
     if policy == AR:
@@ -415,7 +415,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         raise DustinError("dustin bench e2e needs a CUDA GPU")
     from dustin_eval.bench_attention import copy_bandwidth_tbps
     from dustin_eval.tp_cost import step_costs
-    from dustin_runtime.provenance import environment
+    from dustin_runtime.io.provenance import environment
 
     if cfg.batch % (tp.world if tp else 1):
         raise DustinError(f"--batch {cfg.batch} does not divide over --tp {tp.world} (the draft splits the batch)")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import append_line
+from dustin_runtime.io.files import append_line
 
 
 def _parse(path: Path, lineno: int, line: str) -> dict:

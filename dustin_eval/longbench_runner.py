@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import FolderLock, atomic_write, check_resume_key, read_json
-from dustin_runtime.provenance import provenance
+from dustin_runtime.io.files import FolderLock, atomic_write, check_resume_key, read_json
+from dustin_runtime.io.provenance import provenance
 
 from .generator import Generator, result_text
 from .jsonl import append_jsonl, read_jsonl, repair_jsonl

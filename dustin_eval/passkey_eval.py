@@ -9,16 +9,16 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from dustin_profile.plan import PolicyRun
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import FolderLock, atomic_path, check_resume_key
+from dustin_runtime.io.files import FolderLock, atomic_path, check_resume_key
+from dustin_runtime.io.provenance import provenance
 from dustin_runtime.model import Transformer
-from dustin_runtime.provenance import provenance
 from dustin_runtime.speculative import SpecHooks
 
 from .generator import result_text
 from .jsonl import append_jsonl, repair_jsonl
 from .passkey import passkey_accuracy, passkey_grid, plot_passkey_heatmap, score_passkey
-from .plan import PolicyRun
 from .results import markdown_table, write_csv, write_markdown, write_result_json
 from .runtime_generator import RuntimeGenerator
 

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
+from dustin_profile.plan import PolicyRun
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import FolderLock, check_resume_key
-from dustin_runtime.measures import PER_SEQUENCE
+from dustin_runtime.io.files import FolderLock, check_resume_key
+from dustin_runtime.io.provenance import provenance
 from dustin_runtime.model import Transformer
-from dustin_runtime.provenance import provenance
+from dustin_runtime.sparse.measures import PER_SEQUENCE
+from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 from dustin_runtime.speculative import SpecHooks
-from dustin_runtime.teacher_forced import teacher_forced_nll
 
 from .corpus import book_paths
 from .intervals import bootstrap, mean, ppl_ratio
 from .jsonl import append_jsonl, repair_jsonl
 from .pg19 import iter_windows
-from .plan import PolicyRun
 from .results import (
     markdown_table,
     plot_score_vs_budget,

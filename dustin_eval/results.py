@@ -1,6 +1,6 @@
 """Result files shared by the harnesses: JSON/CSV/Markdown tables, score-vs-budget plots.
 
-Every result records what made it (`dustin_runtime.provenance.provenance`: model ids, shapes,
+Every result records what made it (`dustin_runtime.io.provenance.provenance`: model ids, shapes,
 device, library versions, git commit, command line and time). Plots use matplotlib's Agg canvas
 directly (no pyplot, no global backend).
 """
@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dustin_runtime.files import atomic_path, atomic_write
+from dustin_runtime.io.files import atomic_path, atomic_write
 
 # Transitional: passkey_eval, pg19_eval, longbench_runner and dustin/cli.py still import
-# `provenance` from here; it is defined in dustin_runtime.provenance.
+# `provenance` from here; it is defined in dustin_runtime.io.provenance.
 
 SCHEMA_VERSION = 1
 

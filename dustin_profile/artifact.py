@@ -21,8 +21,8 @@ from typing import get_args, get_origin, get_type_hints
 
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import atomic_write
-from dustin_runtime.sparse import (
+from dustin_runtime.io.files import atomic_write
+from dustin_runtime.sparse.config import (
     DRAFT_KV,
     LayerGroup,
     SparseConfig,

@@ -2,7 +2,7 @@
 - `streamingllm`: sinks + the most recent S - sinks tokens;
 - `draft-only`: every draft KV head, m = S - sinks - window (the draft signal fills the set);
 - `target-only`: every target KV head, m = 0;
-- `quest`: the runtime's Quest policy (`dustin_runtime.selection`), per layer and KV head: sinks +
+- `quest`: the runtime's Quest policy (`dustin_runtime.sparse.selection`), per layer and KV head: sinks +
   window + whole pages of 16 rows in decreasing upper bound of q . k (from the page's min/max
   keys, maxed over the KV head's query heads and the verification queries), the last page cut to
   exactly S rows; its ARR uses those per-layer, per-head sets;
@@ -16,9 +16,9 @@ import torch
 
 from dustin_profile.calib_arr import CalibStats, arr_grid
 from dustin_runtime.ops import default_ops
-from dustin_runtime.recovery import recovery
-from dustin_runtime.selection import QuestPages, quest_indices
-from dustin_runtime.sparse import QUEST_PAGE
+from dustin_runtime.sparse.config import QUEST_PAGE
+from dustin_runtime.sparse.recovery import recovery
+from dustin_runtime.sparse.selection import QuestPages, quest_indices
 
 
 def quest_bounds(q: torch.Tensor, k: torch.Tensor, page: int = QUEST_PAGE) -> torch.Tensor:
@@ -54,7 +54,7 @@ def quest_masses(
 ) -> torch.Tensor:
     """Quest's ARR of one layer at each budget: [len(budgets)] fp64, the mean over KV heads, their
     query heads and the queries of the share kept by the runtime Quest set (`quest_sets`;
-    `dustin_runtime.recovery`). Give the profile's sinks and window (each budget at least their sum)."""
+    `dustin_runtime.sparse.recovery`). Give the profile's sinks and window (each budget at least their sum)."""
     G, r, M, _ = q.shape
     L = k.shape[1]
     bounds = quest_bounds(q, k, page)

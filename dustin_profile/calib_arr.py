@@ -1,4 +1,4 @@
-"""Attention Recovery Rate (ARR, defined in `dustin_runtime.recovery`) of verification sets on
+"""Attention Recovery Rate (ARR, defined in `dustin_runtime.sparse.recovery`) of verification sets on
 recorded calibration statistics.
 
 For one verification pass with context L, A [L] is `context_attention` of the target's true
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dustin_runtime.recovery import recovery
+from dustin_runtime.sparse.recovery import recovery
 
 
 @dataclass

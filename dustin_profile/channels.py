@@ -1,5 +1,5 @@
 """Score channels (`dustin profile --score-channels R`): the R of D key channels per target layer and
-KV head that dustin's scorers read (`dustin_runtime.label_keys`).
+KV head that dustin's scorers read (`dustin_runtime.sparse.label_keys`).
 
 A scorer ranks rows by softmax(q . k / sqrt(D)); a channel i moves the ranking by how much q_i k_n,i
 varies across the rows n (a shift common to every row cancels in the softmax). Its criterion is

@@ -10,7 +10,7 @@ verification position L (largest first, so a pass only overwrites rows no later 
   d_1, .., d_(gamma - 1)) give the draft lookahead signal of every draft KV head;
 - the target verifies [cur, d_1..d_gamma] (phase "verify"): the recorder computes its exact
   attention over the context plus the new tokens, every layer and head, and keeps per layer the
-  context attention A of `dustin_runtime.recovery` (each query's context attention renormalised,
+  context attention A of `dustin_runtime.sparse.recovery` (each query's context attention renormalised,
   mean over heads and queries) and Quest's ARR.
 The verification tokens are therefore the draft's own greedy drafts, as at run time (with
 `verify_tokens="text"` they are the true continuation instead: teacher forcing). With
@@ -34,7 +34,7 @@ from dustin_runtime.attention import AttentionBackend, ForwardContext, default_b
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
-from dustin_runtime.recovery import context_attention
+from dustin_runtime.sparse.recovery import context_attention
 
 PAGE = 16  # Quest's page size
 
@@ -180,7 +180,7 @@ def record_window(
     through = None
     if draft_set is not None:
         from dustin_runtime.ops import default_ops
-        from dustin_runtime.policies import DraftSet
+        from dustin_runtime.sparse.policies import DraftSet
 
         ops, (budget, sinks, window) = default_ops(device), draft_set
         through = _ThroughSet(default_backend(device), ops, DraftSet(1, budget, gamma, device))

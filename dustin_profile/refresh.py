@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
 
 MIN_GAIN = 0.01  # least relative perplexity gain of one more refresh layer (1%: the fidelity goal's scale)
 EVAL_TOKENS = 320  # scored tokens per window (rounded down to whole verification windows of gamma + 1)
@@ -70,8 +70,8 @@ def config_scorer(target, draft, sequences: list[list[int]], gamma: int, tokens:
     docstring; `offsets="all"`: at every offset) over the last `scored_tokens` of `sequences`, under
     full attention (None) or dustin with each `SparseConfig`, in one teacher-forced run sharing the
     context's prefill (per `SETS_PER_PREFILL` configs)."""
-    from dustin_runtime.policies import make_policy
-    from dustin_runtime.teacher_forced import teacher_forced_nll
+    from dustin_runtime.sparse.policies import make_policy
+    from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 
     if offsets not in ("last", "all"):
         raise DustinError(f"offsets must be 'last' or 'all', got {offsets!r}")

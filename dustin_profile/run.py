@@ -42,8 +42,8 @@ from dustin_profile.tables import write_tables
 from dustin_profile.window import check_grid
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
-from dustin_runtime.provenance import git_commit
+from dustin_runtime.io.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
+from dustin_runtime.io.provenance import git_commit
 
 WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence
 REPO = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import atomic_path, atomic_write
-from dustin_runtime.provenance import provenance
+from dustin_runtime.io.files import atomic_path, atomic_write
+from dustin_runtime.io.provenance import provenance
 from dustin_runtime.tokenizer import vocab_hash
 
 SCHEMA_VERSION = 1

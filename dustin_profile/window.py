@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from dustin_profile.refresh import ConfigScore
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
 
 
 @dataclass(frozen=True)

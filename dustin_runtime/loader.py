@@ -23,7 +23,7 @@ import torch
 
 from dustin_runtime.config import ModelConfig, config_from_hf
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import atomic_path, atomic_write
+from dustin_runtime.io.files import atomic_path, atomic_write
 from dustin_runtime.model import Transformer
 from dustin_runtime.packed import expand_getter
 from dustin_runtime.tp import TensorParallel, shard_config

@@ -39,7 +39,6 @@ from dustin_runtime.generate import (
 )
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.lookup import ContextLookup, LookupConfig
-from dustin_runtime.measures import PER_SEQUENCE
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import (
     SamplingConfig,
@@ -48,6 +47,7 @@ from dustin_runtime.sampling import (
     speculative_accept,
     vocab_shard,
 )
+from dustin_runtime.sparse.measures import PER_SEQUENCE
 from dustin_runtime.stats import DecodeStats, PhaseTimer
 
 

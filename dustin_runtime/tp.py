@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse import Head
+from dustin_runtime.sparse.config import Head
 
 if TYPE_CHECKING:  # torch loads with the first tensor-parallel call, not with the CLI
     import torch

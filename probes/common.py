@@ -46,8 +46,8 @@ def report_set_ppl(out: str, target, draft, wins, context: int, variants, **reco
     import numpy as np
 
     from dustin_eval.intervals import bootstrap, ppl_ratio
-    from dustin_runtime.provenance import provenance
-    from dustin_runtime.teacher_forced import teacher_forced_nll
+    from dustin_runtime.io.provenance import provenance
+    from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 
     res = teacher_forced_nll(target, draft, [w.ids for w in wins], context, gamma=4, hooks=[h for _, h in variants])
     full, rows = res[0], []

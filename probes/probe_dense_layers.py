@@ -11,7 +11,7 @@ import sys
 
 from common import report_set_ppl, smollm2_windows
 
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.policies import make_policy
 
 
 def dense_in(policy, layers: set[int]):

@@ -23,7 +23,7 @@ from dustin_kernels import sparse_verify_attention
 from dustin_kernels._util import pdl_supported
 
 from dustin_eval.bench_attention import random_index_sets, verify_buffers
-from dustin_runtime.provenance import environment
+from dustin_runtime.io.provenance import environment
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

@@ -10,7 +10,7 @@ import sys
 
 from common import e2e_ab
 
-from dustin_runtime import policies
+from dustin_runtime.sparse import policies
 
 FUSED = policies._DraftBackend.attend_qkv
 

@@ -17,8 +17,8 @@ import sys
 
 from common import e2e_arms
 
-from dustin_runtime import signals
-from dustin_runtime.policies import SignalPolicy
+from dustin_runtime.sparse import signals
+from dustin_runtime.sparse.policies import SignalPolicy
 
 DEFAULT = signals.HISTORY_SMS
 

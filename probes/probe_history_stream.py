@@ -12,7 +12,7 @@ import sys
 
 from common import e2e_ab
 
-from dustin_runtime.policies import SignalPolicy
+from dustin_runtime.sparse.policies import SignalPolicy
 
 
 def main(policies: str = "dustin,dustin-vs", batch: str = "16", context: str = "32768", rounds: str = "2") -> None:

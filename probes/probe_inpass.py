@@ -14,9 +14,9 @@ from dataclasses import replace
 
 from common import report_set_ppl, smollm2_windows
 
-from dustin_runtime.policies import make_policy
-from dustin_runtime.signals import normalise_
-from dustin_runtime.sparse import every_head
+from dustin_runtime.sparse.config import every_head
+from dustin_runtime.sparse.policies import make_policy
+from dustin_runtime.sparse.signals import normalise_
 
 
 def refresh_at(policy, r: int):

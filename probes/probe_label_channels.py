@@ -19,7 +19,7 @@ calibration windows (another split than the scored windows):
 Logits are q_r . k_r / sqrt(D) (the model's scale).
 
 Written before the runtime had label keys: its "var" criterion is `dustin_profile.channels` and its
-`ChannelHistory` is what `dustin_runtime.label_keys` does in the product; it keeps its own copies for
+`ChannelHistory` is what `dustin_runtime.sparse.label_keys` does in the product; it keeps its own copies for
 the criteria it compares (and so that its committed results re-run as they were made).
 
     python probes/probe_label_channels.py OUT.json [windows] [context] [eval_tokens] [split] [variants]
@@ -38,8 +38,8 @@ from dustin_eval.pg19 import iter_windows
 from dustin_runtime.attention import default_backend
 from dustin_runtime.generate import prefill
 from dustin_runtime.loader import resolve_checkpoint
-from dustin_runtime.policies import make_policy
-from dustin_runtime.signals import TargetHistory
+from dustin_runtime.sparse.policies import make_policy
+from dustin_runtime.sparse.signals import TargetHistory
 from dustin_runtime.tokenizer import load_tokenizer
 
 CALIB_WINDOWS = 4

@@ -22,7 +22,7 @@ from dustin_eval.corpus import gutenberg_split
 from dustin_eval.pg19 import iter_windows
 from dustin_profile import channels as chs
 from dustin_runtime.loader import resolve_checkpoint
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.tokenizer import load_tokenizer
 
 HEADS = {5: (0,), 17: (0, 1)}

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 from common import report_set_ppl, smollm2_windows
 
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.policies import make_policy
 
 
 def variant(policy, mode: str):

@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 from common import report_set_ppl, smollm2_windows
 
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.policies import make_policy
 
 
 def with_heads(policy, heads_by_layer: dict[int, tuple[int, ...]]):

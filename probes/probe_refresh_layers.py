@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from common import report_set_ppl, smollm2_windows
 
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.policies import make_policy
 
 
 def main(out: str, windows: int = 8, context: int = 4096, eval_tokens: int = 256, *lists: str) -> None:

@@ -21,7 +21,7 @@ from common import graph_us
 from dustin_kernels import sparse_verify_attention
 
 from dustin_eval.bench_attention import random_index_sets, verify_buffers
-from dustin_runtime.provenance import provenance
+from dustin_runtime.io.provenance import provenance
 
 SHAPES = {  # name: (H, G, D, B, M, S)
     "7b": (28, 4, 128, 16, 5, 512),

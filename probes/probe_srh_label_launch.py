@@ -20,7 +20,7 @@ import torch
 from common import graph_us
 from dustin_kernels import srh_scores
 
-from dustin_runtime.provenance import provenance
+from dustin_runtime.io.provenance import provenance
 
 B, N, M, D = 16, 32768, 40, 128
 

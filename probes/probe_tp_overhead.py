@@ -35,7 +35,7 @@ def join_world_of_one():
 
 def main() -> None:
     from dustin_eval import bench_e2e as be
-    from dustin_runtime.files import atomic_write
+    from dustin_runtime.io.files import atomic_write
 
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "probe-tp-overhead.json")
     config = sys.argv[2] if len(sys.argv) > 2 else "qwen2.5-7b"

@@ -14,8 +14,8 @@ import sys
 
 from common import e2e_arms
 
-from dustin_runtime import policies as pol
 from dustin_runtime.model import Transformer
+from dustin_runtime.sparse import policies as pol
 
 WHOLE_SET = Transformer._whole_set
 FORWARD_SET = pol._DraftBackend.forward_set

@@ -22,8 +22,8 @@ from dustin_profile.groups import search_groups
 from dustin_profile.heldout import groups_arr
 from dustin_profile.run import stack_windows
 from dustin_profile.search import SearchConfig, greedy_search
+from dustin_runtime.io.provenance import provenance
 from dustin_runtime.loader import read_config, resolve_checkpoint
-from dustin_runtime.provenance import provenance
 
 
 def main(work: str, n_cal: int, n_held: int, out: str) -> None:

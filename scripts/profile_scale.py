@@ -19,9 +19,9 @@ from dustin_profile.candidates import candidates_of
 from dustin_profile.groundtruth import record_window
 from dustin_profile.run import stack_windows
 from dustin_profile.search import SearchConfig, budget_sweep, greedy_search
+from dustin_runtime.io.provenance import provenance
 from dustin_runtime.loader import random_model
 from dustin_runtime.presets import preset
-from dustin_runtime.provenance import provenance
 
 
 def main() -> None:

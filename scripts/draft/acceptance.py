@@ -56,7 +56,7 @@ def main() -> None:
 
     from dustin_runtime import pipeline
     from dustin_runtime.generate import generate
-    from dustin_runtime.provenance import git_commit
+    from dustin_runtime.io.provenance import git_commit
     from dustin_runtime.sampling import SamplingConfig
     from dustin_runtime.speculative import speculative_generate
     from dustin_runtime.tokenizer import eos_ids

@@ -20,7 +20,7 @@ import shutil
 import torch
 from common import draft_config, load_tokenizer
 
-from dustin_runtime.provenance import git_commit
+from dustin_runtime.io.provenance import git_commit
 
 
 def reassemble(run: str) -> bytes:

@@ -38,8 +38,8 @@ import dustin_eval.acceptance  # noqa: E402, F401
 import dustin_eval.longbench_runner  # noqa: E402, F401
 import dustin_eval.passkey_eval  # noqa: E402, F401
 import dustin_eval.pg19_eval  # noqa: E402, F401
-import dustin_eval.plan  # noqa: E402, F401
 import dustin_eval.runtime_generator  # noqa: E402, F401
+import dustin_profile.plan  # noqa: E402, F401
 import dustin_profile.plots  # noqa: E402, F401
 import dustin_profile.run  # noqa: E402, F401
 
@@ -48,7 +48,7 @@ import matplotlib.pyplot  # noqa: E402, F401
 
 import dustin_profile.show  # noqa: E402, F401
 import dustin_runtime.pipeline  # noqa: E402, F401
-import dustin_runtime.policies  # noqa: E402, F401
+import dustin_runtime.sparse.policies  # noqa: E402, F401
 
 transformers.logging.set_verbosity_error()
 

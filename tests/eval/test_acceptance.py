@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dustin_eval.acceptance import AcceptanceConfig, run_acceptance, write_acceptance
+from dustin_runtime.io.provenance import provenance
 from dustin_runtime.pipeline import load_pair
-from dustin_runtime.policies import make_policy
-from dustin_runtime.provenance import provenance
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -22,7 +22,7 @@ from dustin_runtime.config import ModelConfig
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
 from dustin_runtime.loader import random_model
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 

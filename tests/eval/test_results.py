@@ -10,7 +10,7 @@ from dustin_eval.results import (
     write_markdown,
     write_result_json,
 )
-from dustin_runtime.provenance import provenance
+from dustin_runtime.io.provenance import provenance
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -65,8 +65,8 @@ def test_pg19_ratio_by_window_offset(tmp_path, char_tokenizer, tiny_pair):
     scores the same number of tokens per window)."""
     import math
 
-    from dustin_runtime.policies import make_policy
-    from dustin_runtime.sparse import SparseConfig
+    from dustin_runtime.sparse.config import SparseConfig
+    from dustin_runtime.sparse.policies import make_policy
 
     target, draft = tiny_pair
     books = tmp_path / "books"
@@ -96,8 +96,8 @@ def test_pg19_ratio_by_window_offset(tmp_path, char_tokenizer, tiny_pair):
 def test_pg19_batch_keeps_lists_that_are_not_per_sequence(tmp_path, char_tokenizer, tiny_pair):
     """A batch of 2 windows through a policy with 2 layer groups: each record gets its own window's
     ARR, and the policy's 2-entry group list stays whole (it is not one value per sequence)."""
-    from dustin_runtime.policies import make_policy
-    from dustin_runtime.sparse import LayerGroup, SparseConfig, every_head
+    from dustin_runtime.sparse.config import LayerGroup, SparseConfig, every_head
+    from dustin_runtime.sparse.policies import make_policy
 
     target, draft = tiny_pair
     books = tmp_path / "books"

@@ -173,7 +173,7 @@ def test_gpu_bf16_two_pass_fallback(monkeypatch):
 @pytest.mark.parametrize("width", [16, 32])
 @pytest.mark.parametrize("store_probs", [True, False])
 def test_gpu_bf16_label_keys(width, store_probs):
-    """Label keys (`dustin_runtime.label_keys`): r = 16 or 32 channels of D = 128, 40 stacked queries,
+    """Label keys (`dustin_runtime.sparse.label_keys`): r = 16 or 32 channels of D = 128, 40 stacked queries,
     the logits at the model's scale 1 / sqrt(128), an odd context."""
     B, Hs, M, G, N = 3, 2, 40, 8, 20011
     q, kv_heads, k, lens = _inputs(B, Hs, M, width, G, N, [1, 6], torch.bfloat16, "cuda", seed=24)

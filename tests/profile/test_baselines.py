@@ -10,8 +10,8 @@ from dustin_profile import baselines
 from dustin_runtime.attention import ForwardContext
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.loader import random_model
-from dustin_runtime.policies import make_policy
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 
 PAGE = 16
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from dustin_eval.plan import plan_runs, plan_sparse
 from dustin_profile import refresh as rf
 from dustin_profile.artifact import SCHEMA_VERSION, load_profile
+from dustin_profile.plan import plan_runs, plan_sparse
 from dustin_profile.run import ProfileConfig, run_profile
 from dustin_runtime import pipeline
 from dustin_runtime.errors import DustinError
-from dustin_runtime.policies import make_policy
-from dustin_runtime.teacher_forced import teacher_forced_nll
+from dustin_runtime.sparse.policies import make_policy
+from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 
 GAMMA = 3
 
@@ -154,7 +154,7 @@ def test_refresh_layers_option_spelling():
 
 def test_last_offset_nll_counts_whole_windows_only():
     """The objective reads offset gamma alone: a window cut short (no last offset) adds nothing."""
-    from dustin_runtime.teacher_forced import TeacherForcedResult
+    from dustin_runtime.sparse.teacher_forced import TeacherForcedResult
 
     r = TeacherForcedResult(nll=[10.0, 7.0], tokens=[10, 8], windows=2,
                             nll_by_offset=[[1.0, 1.0, 1.0, 1.0, 6.0], [1.0, 1.0, 1.0, 1.0, 3.0]])

@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from dustin_eval.plan import plan_sparse
 from dustin_profile import refresh as rf
 from dustin_profile.artifact import SCHEMA_VERSION, load_profile
+from dustin_profile.plan import plan_sparse
 from dustin_profile.run import ProfileConfig, run_profile
 from dustin_profile.show import render
 from dustin_profile.window import check_grid, choose_window
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
 
 GAMMA = 3
 GRID = (4, 12, 30)

@@ -164,7 +164,7 @@ def test_min_new_tokens_forbids_early_stop(pair):
 
 
 def test_teacher_forced_full_equals_one_forward(pair):
-    from dustin_runtime.teacher_forced import teacher_forced_nll
+    from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 
     target, draft = pair
     g = torch.Generator().manual_seed(60)

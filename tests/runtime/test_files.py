@@ -1,4 +1,4 @@
-"""dustin_runtime.files: atomic writes leave the old file or the new one, appends survive a torn
+"""dustin_runtime.io.files: atomic writes leave the old file or the new one, appends survive a torn
 line, the folder lock refuses another process, and resume keys refuse other settings."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 
 from dustin_eval.jsonl import append_jsonl, read_jsonl, repair_jsonl
 from dustin_runtime.errors import DustinError
-from dustin_runtime.files import FolderLock, atomic_path, atomic_write, check_resume_key
+from dustin_runtime.io.files import FolderLock, atomic_path, atomic_write, check_resume_key
 
 
 def test_atomic_write_replaces_or_keeps(tmp_path):
@@ -53,7 +53,7 @@ def test_torn_last_line_is_dropped_and_repaired(tmp_path):
 
 
 def test_folder_lock_refuses_another_process_and_nests(tmp_path):
-    probe = ("import sys; from dustin_runtime.files import FolderLock\n"
+    probe = ("import sys; from dustin_runtime.io.files import FolderLock\n"
              "try:\n    FolderLock(sys.argv[1]).__enter__(); print('locked')\n"
              "except Exception as e:\n    print(e)")
     (tmp_path / "out").mkdir()

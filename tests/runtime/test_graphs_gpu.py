@@ -9,9 +9,9 @@ import torch
 from dustin_runtime.engine import default_engine
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
-from dustin_runtime.policies import make_policy
 from dustin_runtime.sampling import SamplingConfig
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 pytestmark = pytest.mark.gpu
@@ -146,7 +146,7 @@ def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
     """The target's history scored on a side stream while the next step drafts and the draft's
     lookahead scored during the step's last draft forward on it, in graphs and eagerly, give the
     tokens and the signal buffers of scoring in line."""
-    from dustin_runtime.policies import SignalPolicy
+    from dustin_runtime.sparse.policies import SignalPolicy
 
     t, d = pair
     ps = prompts(16, seed=21)

@@ -12,8 +12,8 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
 from dustin_runtime.lookup import ContextLookup, LookupConfig
-from dustin_runtime.policies import make_policy
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 

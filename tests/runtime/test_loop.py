@@ -7,9 +7,9 @@ import torch
 from dustin_runtime.engine import Engine
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
-from dustin_runtime.policies import make_policy
 from dustin_runtime.sampling import SamplingConfig
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 
@@ -137,7 +137,7 @@ def test_sparse_drafting_with_a_set_covering_the_context_equals_full_drafting(pa
 def test_sparse_drafting_attends_the_set_the_commits_and_its_drafts(pair, monkeypatch, policy):
     """At every draft forward the draft's rows are: the latest verification set (chosen at L0), the
     rows committed since ([L0, L)) and this step's drafts before the forward's own ([L, start))."""
-    from dustin_runtime import policies
+    from dustin_runtime.sparse import policies
 
     target, draft = pair
     seen = []

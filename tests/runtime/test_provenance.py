@@ -3,7 +3,7 @@
 import re
 import sys
 
-from dustin_runtime.provenance import REPO, git_commit, provenance, versions
+from dustin_runtime.io.provenance import REPO, git_commit, provenance, versions
 
 
 def test_provenance_fields():

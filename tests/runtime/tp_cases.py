@@ -9,9 +9,9 @@ import torch
 from dustin_runtime.attention import TorchAttention
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
-from dustin_runtime.policies import make_policy
 from dustin_runtime.sampling import SamplingConfig
-from dustin_runtime.sparse import LayerGroup, SparseConfig
+from dustin_runtime.sparse.config import LayerGroup, SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 
@@ -106,7 +106,7 @@ def collectives(tp, target: str, draft: str, prompts: list[list[int]], policy: s
 def teacher_forced(tp, target: str, draft: str, sequences: list[list[int]], context: int, policy: str = "full",
                    **sparse) -> list:
     """Teacher-forced NLL per sequence through one policy (and ARR when measured)."""
-    from dustin_runtime.teacher_forced import teacher_forced_nll
+    from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 
     t, _ = load_model(target, tp=tp)
     d, _ = load_model(draft)

@@ -30,9 +30,9 @@ import transformers  # noqa: E402
 
 import dustin.cli  # noqa: E402
 import dustin_eval.acceptance  # noqa: E402, F401
-import dustin_eval.plan  # noqa: E402, F401
+import dustin_profile.plan  # noqa: E402, F401
 import dustin_runtime.pipeline  # noqa: E402, F401
-import dustin_runtime.policies  # noqa: E402, F401
+import dustin_runtime.sparse.policies  # noqa: E402, F401
 from dustin_runtime.tp import TensorParallel  # noqa: E402
 
 transformers.logging.set_verbosity_error()

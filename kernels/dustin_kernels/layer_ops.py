@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from dustin_kernels._util import check_out, next_pow2, pdl_supported, require
 
 try:  # grid dependency control; absent in older Triton

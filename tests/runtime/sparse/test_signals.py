@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dustin_runtime.ops import SparseOps
-from dustin_runtime.signals import layer_heads, score_heads
+from dustin_runtime.sparse.signals import layer_heads, score_heads
 
 
 def test_layer_heads_group_by_kv_head():

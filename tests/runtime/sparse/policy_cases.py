@@ -5,8 +5,8 @@ the all-heads config."""
 import torch
 
 from dustin_runtime.loader import load_model
-from dustin_runtime.policies import make_policy
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 PROMPTS = [

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from dustin_kernels._util import cdiv, next_pow2, require, ticket_counters
 
 MAX_NGRAM = 16

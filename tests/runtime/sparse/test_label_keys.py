@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.label_keys import LabelKeys
-from dustin_runtime.policies import make_policy
+from dustin_runtime.sparse.label_keys import LabelKeys
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
 from .policy_cases import MAX_NEW, PROMPTS, config, policy_pair, run, spy_verify

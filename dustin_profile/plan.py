@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dustin_profile.artifact import Profile, check_models, config_hash, load_profile, model_info
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse import (
+from dustin_runtime.sparse.config import (
     DEFAULT_SINKS,
     DEFAULT_WINDOW,
     DRAFT_KV,
@@ -186,7 +186,7 @@ def sparse_configs(plans: dict, target, draft) -> dict:
 def hooks_factory(configs: dict[PolicyRun, SparseConfig | None], target, draft,
                   measure_arr: bool = False) -> Callable[[PolicyRun], object]:
     """`make(run)` -> fresh `SpecHooks` of that run (a policy holds per-decode state)."""
-    from dustin_runtime.policies import make_policy
+    from dustin_runtime.sparse.policies import make_policy
 
     def make(run: PolicyRun):
         return make_policy(run.policy, configs[run], target=target.model, draft=draft.model, measure_arr=measure_arr)

@@ -17,8 +17,8 @@ from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import prefill
 from dustin_runtime.kv_cache import KVCache
-from dustin_runtime.measures import PER_SEQUENCE
 from dustin_runtime.model import Transformer
+from dustin_runtime.sparse.measures import PER_SEQUENCE
 from dustin_runtime.speculative import SpecHooks
 
 

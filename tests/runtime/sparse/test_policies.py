@@ -9,8 +9,8 @@ from dustin_runtime.attention import AttentionBackend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.loader import load_model
 from dustin_runtime.ops import SparseOps
-from dustin_runtime.policies import make_policy
-from dustin_runtime.sparse import POLICIES, SparseConfig
+from dustin_runtime.sparse.config import POLICIES, SparseConfig
+from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import SpecHooks, speculative_generate
 
 from .policy_cases import MAX_NEW, PROMPTS, config, noisy_copy, policy_pair, run, spy_verify
@@ -249,7 +249,7 @@ def test_dustin_set_is_the_hybrid_of_both_signals(pair):
 def grouped_config(target, draft, budget=24, same=False, draft_group=1, draft_kv="full"):
     """Two layer groups of the tiny target's 2 layers: group 0 with every head and m = 8, group 1
     with the target's layer-1 heads only (m = 0); `same`: both groups the one set of `config`."""
-    from dustin_runtime.sparse import LayerGroup
+    from dustin_runtime.sparse.config import LayerGroup
 
     one = config(target, draft, budget)
     g0 = LayerGroup(0, one.m, one.draft_heads, one.target_heads)
@@ -304,7 +304,7 @@ def test_identical_layer_groups_equal_one_set(pair):
 
 
 def test_layer_group_configs_refused(pair):
-    from dustin_runtime.sparse import LayerGroup
+    from dustin_runtime.sparse.config import LayerGroup
 
     target, draft = pair
     g = LayerGroup(0, 0, (), ((0, 0, (0,)),))
@@ -410,7 +410,7 @@ def test_history_scored_while_drafting_equals_in_line(pair, monkeypatch, draft_k
     import contextlib
     import dataclasses
 
-    from dustin_runtime.policies import SignalPolicy
+    from dustin_runtime.sparse.policies import SignalPolicy
 
     cfg = dataclasses.replace(config(*pair, 24), draft_kv=draft_kv)
     inline_out, inline = run(pair, "dustin", cfg)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dustin_runtime.label_keys import LabelKeys
 from dustin_runtime.ops import SparseOps
-from dustin_runtime.sparse import Head
+from dustin_runtime.sparse.config import Head
+from dustin_runtime.sparse.label_keys import LabelKeys
 
 # The stashed history's scoring beside the draft forwards runs on grids for this many SMs, leaving the
 # rest to the draft's latency-bound kernels (H200, dustin-vs at the 7B / 0.5B shapes, 32k, batch 16:

@@ -35,13 +35,13 @@ import torch
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
-from dustin_runtime.label_keys import LabelKeys
-from dustin_runtime.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
-from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
-from dustin_runtime.signals import DraftLookahead, TargetHistory, normalise_
-from dustin_runtime.sparse import POLICIES, LayerGroup, SparseConfig, every_head
+from dustin_runtime.sparse.config import POLICIES, LayerGroup, SparseConfig, every_head
+from dustin_runtime.sparse.label_keys import LabelKeys
+from dustin_runtime.sparse.measures import ArrMeter, PairedAcceptance, TrueAttention
+from dustin_runtime.sparse.selection import QuestPages, quest_indices, streaming_indices
+from dustin_runtime.sparse.signals import DraftLookahead, TargetHistory, normalise_
 from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.tp import local_heads
 

@@ -3,7 +3,7 @@ for all target layers at once or per contiguous group of layers.
 
 The runtime never reads a profile artifact itself: `dustin_profile.Profile.to_sparse_config` turns
 one into a `SparseConfig` (with `scale_m`, the one rule for m at another budget), and
-`dustin_eval.plan` checks it was made for the loaded models."""
+`dustin_profile.plan` checks it was made for the loaded models."""
 
 from __future__ import annotations
 

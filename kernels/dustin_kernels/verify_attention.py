@@ -46,6 +46,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+
 from dustin_kernels._util import (
     LOG2E,
     cdiv,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from dustin_kernels._util import cdiv, next_pow2, num_sms, pdl_supported, require
 
 try:  # grid dependency control; absent in older Triton

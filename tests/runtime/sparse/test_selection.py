@@ -9,11 +9,11 @@ import torch
 
 from dustin_runtime.attention import ForwardContext, reference_attention
 from dustin_runtime.kv_cache import KVCache
-from dustin_runtime.measures import ArrMeter, TrueAttention, attention_probs
 from dustin_runtime.ops import SparseOps
-from dustin_runtime.selection import QuestPages, quest_indices, streaming_indices
-from dustin_runtime.signals import DraftLookahead, TargetHistory
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.measures import ArrMeter, TrueAttention, attention_probs
+from dustin_runtime.sparse.selection import QuestPages, quest_indices, streaming_indices
+from dustin_runtime.sparse.signals import DraftLookahead, TargetHistory
 
 REF = SparseOps(triton=False)
 
@@ -170,7 +170,7 @@ def test_config_budget_rules():
 def test_arr_stays_in_unit_interval_under_rounding():
     """A set covering the context has ARR exactly 1 however fp32 rounds A's terms; a query whose
     attention sits almost all on the new tokens counts as much as any other."""
-    from dustin_runtime.recovery import context_attention, recovery
+    from dustin_runtime.sparse.recovery import context_attention, recovery
 
     g = torch.Generator().manual_seed(5)
     P, R, N = 64, 40, 997

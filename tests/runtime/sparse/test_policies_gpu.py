@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from dustin_runtime.loader import load_model
-from dustin_runtime.policies import make_policy
-from dustin_runtime.sparse import SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import make_policy
+from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 from dustin_runtime.speculative import speculative_generate
-from dustin_runtime.teacher_forced import teacher_forced_nll
 
 pytestmark = pytest.mark.gpu
 
@@ -65,7 +65,7 @@ def test_gpu_sparse_drafting_with_rope_inside_the_attention_equals_separate(tiny
     accepted counts, the draft's cache and the lookahead signal are the same (fp32)."""
     import dustin_kernels
 
-    from dustin_runtime import policies
+    from dustin_runtime.sparse import policies
 
     tf, _ = tiny_hf("qwen2", seed=84, **SHAPE)  # no q / k norm: the fused path applies
     df, _ = tiny_hf("qwen2", seed=85, num_hidden_layers=1, **SHAPE)

@@ -20,7 +20,7 @@ import math
 import torch
 
 from dustin_runtime.attention import AttentionBackend
-from dustin_runtime.recovery import context_attention, recovery
+from dustin_runtime.sparse.recovery import context_attention, recovery
 
 PER_SEQUENCE = "_per_sequence"  # suffix of the summary statistics that hold one value per sequence ([B] lists)
 

@@ -33,6 +33,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+
 from dustin_kernels._util import (
     cdiv,
     check_lens,
