@@ -134,9 +134,6 @@ def bench_attention(
     gamma: int = typer.Option(4, help="Draft tokens; M = gamma + 1 verification queries."),
     out_dir: str = typer.Option("results/bench", help="Folder for attention-<shape>-<context>-<batch>-<budget>.json."),
     sdpa: bool = typer.Option(True, help="Also time the PyTorch SDPA backends."),
-    groups: str = typer.Option("1", help="Layer groups of the estimate, comma-separated (each scores its own "
-                                        "retrieval heads and selects its own set; 1: the single set only)."),
-    group_kv_heads: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of each layer group."),
     refresh: int = typer.Option(0, min=0, max=MAX_COUNT, help="Refresh layers of dustin to time with the "
                                 "estimate (each scores every KV head of its layer, then selects; 0: none)."),
     score_channels: str = typer.Option("0", help="Key channels the estimate and refresh layers score from label "
@@ -151,11 +148,11 @@ def bench_attention(
     from dustin_eval import bench_attention as ba
 
     configs = [
-        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa, groups=g,
-                       group_kv_heads=group_kv_heads, refresh_layers=refresh, score_channels=r,
+        ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa,
+                       refresh_layers=refresh, score_channels=r,
                        refresh_kv_heads=refresh_kv_heads)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
-        for k in ba.parse_list(budget) for g in _ints(groups, "--groups", maximum=MAX_COUNT)
+        for k in ba.parse_list(budget)
         for r in _ints(score_channels, "--score-channels", minimum=0, maximum=MAX_COUNT)
     ]
     command = "dustin " + " ".join(sys.argv[1:])
@@ -179,10 +176,6 @@ def bench_attention(
         console.print(f"speedup sparse vs best full ({s['best_full_kernel']}): {s['speedup_sparse_vs_best_full']:.1f}x; "
                       f"estimate+select: {est if est is None else f'{est:.2%}'} of {res['shapes']['model']['layers']} "
                       f"layers of full attention; select vs topk: {vs_topk if vs_topk is None else f'{vs_topk:.1f}x'}")
-        if s.get("estimate_groups_fraction") is not None:
-            console.print(f"estimate+select with {s['groups']} layer groups of {s['group_kv_heads']} KV heads: "
-                          f"{s['estimate_groups_fraction']:.2%} (cost model {s['estimate_groups_model_fraction']:.2%}; "
-                          f"single set {est:.2%}, model {s['estimate_model_fraction']:.2%})")
         if s.get("refresh_fraction") is not None:
             console.print(f"{s['refresh_layers']} refresh layers of {s['refresh_kv_heads']} KV heads: "
                           f"{s['refresh_fraction']:.2%} (cost model "
@@ -193,16 +186,13 @@ def bench_attention(
     ba.run_sweep(configs, out_dir, command, on_result=show)
     if len(summaries) > 1:
         t = Table(title="sweep summary")
-        for col in ("shape", "context", "batch", "budget", "best full", "full ms", "sparse ms", "speedup", "estimate",
-                    "groups", "estimate (groups)"):
+        for col in ("shape", "context", "batch", "budget", "best full", "full ms", "sparse ms", "speedup", "estimate"):
             t.add_column(col)
         for res in summaries:
             cfg, s = res["config"], res["summary"]
             t.add_row(cfg["shape"], str(cfg["context"]), str(cfg["batch"]), str(cfg["budget"]), s["best_full_kernel"],
                       f"{s['best_full_ms']:.4f}", f"{s['sparse_ms']:.4f}", f"{s['speedup_sparse_vs_best_full']:.1f}x",
-                      "-" if s["estimate_select_fraction"] is None else f"{s['estimate_select_fraction']:.2%}",
-                      str(s.get("groups", 1)),
-                      "-" if s.get("estimate_groups_fraction") is None else f"{s['estimate_groups_fraction']:.2%}")
+                      "-" if s["estimate_select_fraction"] is None else f"{s['estimate_select_fraction']:.2%}")
         console.print(t)
 
 
@@ -372,10 +362,7 @@ def profile(
     window: int = typer.Option(64, min=0, max=MAX_TOKENS, help="Recent tokens always in the set."),
     budgets: str = typer.Option("128,256,512,1024", help="Budgets of the ARR-vs-budget table and m_by_budget."),
     max_heads: int = typer.Option(8, min=1, max=MAX_COUNT, help="Head limit of the greedy search (draft + target KV "
-                                                                "heads), per layer group."),
-    max_groups: int = typer.Option(1, min=1, max=MAX_COUNT, help="Layer groups of the target, each with its own "
-                                                                 "heads, m and set (1: one set for every layer); "
-                                                                 "fewer when one more gains less than --epsilon."),
+                                                                "heads)."),
     heldout_windows: int = typer.Option(0, min=0, max=MAX_COUNT, help="More windows recorded to score the profile "
                                                                       "on (never searched on), with dynamic vs fixed m."),
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
@@ -389,8 +376,7 @@ def profile(
                                              "refresh; 1: every KV head). Needs --max-refresh."),
     window_grid: str = typer.Option("", help="Recent windows (comma list) to choose among after the search, by the "
                                             "same teacher-forced perplexity at the budget (empty: --window)."),
-    epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round (or of one more layer group) "
-                                             "is below this."),
+    epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
     seed: Seed = 0,
     verify_tokens: str = typer.Option("draft", help="Verification tokens: 'draft' (its greedy drafts) or 'text'."),
@@ -420,7 +406,7 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, retrieval_weight=retrieval_weight,
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
-                        max_groups=max_groups, heldout=heldout_windows, max_refresh=max_refresh,
+                        heldout=heldout_windows, max_refresh=max_refresh,
                         score_channels=score_channels, refresh_head_share=refresh_head_share,
                         window_grid=tuple(_ints(window_grid, "--window-grid", minimum=0)) if window_grid else (),
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)

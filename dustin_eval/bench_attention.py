@@ -6,9 +6,8 @@ Per (model shape, context, batch, budget) it times, in one process on one GPU:
   accepts the shape (enable_gqa where the backend takes it, else K/V expanded to H heads);
 - sparse attention over a budget-sized index set (`sparse_verify_attention`, [B, S] and [B, G, S]);
 - the estimator: `srh_scores` on one layer, `select_indices` vs `torch.topk`, and one estimate
-  step (SRH scoring of 4 KV heads over 2 layers, accumulated, then select); with `groups` > 1,
-  the estimate of that many layer groups (`estimate_group` each: its `group_kv_heads` retrieval
-  KV heads, then its own select), next to the cost model `estimate_cost_ms`; with `refresh_layers`
+  step (`estimate_set`: SRH scoring of 4 KV heads over 2 layers, accumulated, then select), next
+  to the cost model `estimate_cost_ms`; with `refresh_layers`
   > 0, dustin's refresh layers (`refresh_step` each: `srh_scores` of every KV head of one layer,
   normalised, then `select_indices` on that one signal, as the verification pass re-selects).
   With `score_channels` r > 0 the estimate and the refresh layers score r of the D key channels
@@ -67,8 +66,6 @@ class BenchConfig:
     m: int = 216  # top-m by the first score; the rest of the budget by the second
     srh_layers: int = 2  # the estimate: SRH scoring over this many layers ...
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
-    groups: int = 1  # layer groups, each with its own retrieval heads and set (1: the single set only)
-    group_kv_heads: int = 4  # retrieval KV heads of each group (srh_kv_heads_per_layer per layer)
     refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects
     refresh_kv_heads: int = 0  # ... or only this many of them (0: every one; a profile's --refresh-head-share)
     score_channels: int = 0  # key channels the scorers read from label caches (0: whole keys)
@@ -129,15 +126,10 @@ def random_index_sets(B: int, N: int, S: int, n: int, dev) -> list[torch.Tensor]
             for _ in range(n)]
 
 
-def group_calls(heads: int, per_layer: int) -> list[int]:
-    """KV heads of each `srh_scores` call of a group of `heads` retrieval KV heads, `per_layer` a layer."""
-    return [per_layer] * (heads // per_layer) + ([heads % per_layer] if heads % per_layer else [])
-
-
-def estimate_group(q: list[torch.Tensor], kv_heads: list[torch.Tensor], keys: list[torch.Tensor],
+def estimate_set(q: list[torch.Tensor], kv_heads: list[torch.Tensor], keys: list[torch.Tensor],
                    lens: torch.Tensor, scores: torch.Tensor, secondary: torch.Tensor, out: torch.Tensor,
                    scale: float | None = None, **sel_kw) -> torch.Tensor:
-    """One layer group's estimate + select as the runtime runs it: `srh_scores` of its retrieval
+    """The set's estimate + select as the runtime runs it: `srh_scores` of its retrieval
     heads, one call per layer (q[i] [B, h_i, r * M, D] over keys[i] [B, G, N_max, D], KV heads
     kv_heads[i] [h_i]) accumulated into scores [B, N_max], then `select_indices` with the
     secondary signal [B, N_max] into out [B, S]. Label keys: D = their channels, `scale` the model's."""
@@ -161,11 +153,11 @@ def refresh_step(q: torch.Tensor, kv_heads: torch.Tensor, keys: torch.Tensor, le
     return select_indices(normalise_(scores), None, lens, out=out, **sel_kw)
 
 
-def estimate_cost_ms(groups: int, heads: int, per_layer: int, srh_ms: float, select_ms: float) -> float:
-    """The estimate's cost model: each group scores its heads (a `srh_scores` call reads its KV
+def estimate_cost_ms(selections: int, heads: int, per_layer: int, srh_ms: float, select_ms: float) -> float:
+    """The estimate's cost model: each selection scores its heads (a `srh_scores` call reads its KV
     heads' keys, so its time scales with them: t_srh of `per_layer` heads per call) and selects
-    once: groups x (heads / per_layer x t_srh + t_select)."""
-    return groups * (heads / per_layer * srh_ms + select_ms)
+    once: selections x (heads / per_layer x t_srh + t_select)."""
+    return selections * (heads / per_layer * srh_ms + select_ms)
 
 
 def calls_per_graph(bytes_per_call: int, l2: int, lo: int = 12, hi: int = 256) -> int:
@@ -327,28 +319,17 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "torch_topk", [lambda i=i: torch.topk(prim[i % 8], S, dim=1) for i in range(24)],
         B * n_max * 4, copy_tbps, note="one top-k only, unsorted indices; select does two plus the merge"))
 
-    q_by_heads = {h: [q[:, :h].contiguous() for q in q_srh] for h in set(group_calls(cfg.group_kv_heads, hs))}
-    q_by_heads[hs] = q_srh
-
-    def estimate_step(i, heads, groups=1):
-        """`groups` layer groups of `heads` retrieval KV heads each; keys from distinct buffers."""
-        calls = group_calls(heads, hs)
-        for g in range(groups):
-            bufs = [(i * groups * len(calls) + g * len(calls) + c) % n_buf for c in range(len(calls))]
-            q = [q_by_heads[h][b] for b, h in zip(bufs, calls, strict=True)]
-            estimate_group(q, [kv_heads[:h] for h in calls], [score_keys(b) for b in bufs], lens,
-                           score_out[(i + g) % 4], sec[(i + g) % 8], sel_out[(i + g) % 8], scale=scale, **sel_kw)
+    def estimate_step(i):
+        """srh_scores of `hs` retrieval KV heads on each of `srh_layers` layers, then select; keys from
+        distinct buffers."""
+        bufs = [(i * cfg.srh_layers + c) % n_buf for c in range(cfg.srh_layers)]
+        estimate_set([q_srh[b] for b in bufs], [kv_heads] * len(bufs), [score_keys(b) for b in bufs], lens,
+                     score_out[i % 4], sec[i % 8], sel_out[i % 8], scale=scale, **sel_kw)
 
     n_est = max(6, n_srh // 2)
-    records.append(record("estimate_step", [lambda i=i: estimate_step(i, cfg.srh_layers * hs) for i in range(n_est)],
+    records.append(record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
                           cfg.srh_layers * srh_bytes + 2 * B * n_max * 4, copy_tbps,
                           note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
-    if cfg.groups > 1:
-        gh = cfg.group_kv_heads
-        records.append(record(
-            "estimate_groups_step", [lambda i=i: estimate_step(i, gh, cfg.groups) for i in range(max(3, n_est // 2))],
-            cfg.groups * (gh * B * N * Dk * dt.itemsize + (len(group_calls(gh, hs)) + 2) * B * n_max * 4), copy_tbps,
-            note=f"{cfg.groups} layer groups x (srh_scores of {gh} KV heads, {hs} a layer, + select_indices)"))
 
     if cfg.refresh_layers:
         Gr = cfg.refresh_kv_heads or G  # KV heads each refresh layer scores
@@ -378,7 +359,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
     best_full = min(full_kernels, key=lambda r: r["median_ms"])
     sparse = rec_by["sparse_verify_attention"]
     est, sel, topk = rec_by.get("estimate_step"), rec_by.get("select_indices"), rec_by.get("torch_topk")
-    est_g, srh, ref = rec_by.get("estimate_groups_step"), rec_by.get("srh_scores"), rec_by.get("refresh_step")
+    srh, ref = rec_by.get("srh_scores"), rec_by.get("refresh_step")
     full_all = shp.layers * best_full["median_ms"]
     model = (lambda g, h: estimate_cost_ms(g, h, hs, srh["median_ms"], sel["median_ms"]) / full_all) if srh and sel \
         else (lambda g, h: None)
@@ -391,14 +372,9 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "full_bandwidth_fraction": rec_by["full_verify_attention"]["bandwidth_fraction"],
         "estimate_ms": est["median_ms"] if est else None,
         "estimate_select_fraction": est["median_ms"] / full_all if est else None,
-        "estimate_model": "groups x (KV heads / KV heads per srh call x srh_scores + select_indices), over "
-                          "layers x best full",
+        "estimate_model": "selections x (KV heads / KV heads per srh call x srh_scores + select_indices), "
+                          "over layers x best full",
         "estimate_model_fraction": model(1, cfg.srh_layers * hs),
-        "groups": cfg.groups,
-        "group_kv_heads": cfg.group_kv_heads if cfg.groups > 1 else None,
-        "estimate_groups_ms": est_g["median_ms"] if est_g else None,
-        "estimate_groups_fraction": est_g["median_ms"] / full_all if est_g else None,
-        "estimate_groups_model_fraction": model(cfg.groups, cfg.group_kv_heads) if cfg.groups > 1 else None,
         "refresh_layers": cfg.refresh_layers,
         "refresh_ms": ref["median_ms"] if ref else None,
         "refresh_fraction": ref["median_ms"] / full_all if ref else None,
@@ -429,12 +405,11 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
 
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
-    groups = f"-g{cfg.groups}x{cfg.group_kv_heads}" if cfg.groups > 1 else ""
     refresh = f"-r{cfg.refresh_layers}" if cfg.refresh_layers else ""
     if cfg.refresh_layers and cfg.refresh_kv_heads:
         refresh += f"x{cfg.refresh_kv_heads}"
     channels = f"-c{cfg.score_channels}" if cfg.score_channels else ""
-    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{groups}{refresh}{channels}.json"
+    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{refresh}{channels}.json"
 
 
 def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result=None) -> list[dict]:

@@ -1,14 +1,11 @@
 """The profile artifact: what Algorithm 1 found for one target/draft pair, as versioned JSON that the
 runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `tables`).
 
-Schema 2 adds layer groups (`groups`, `draft_group`) and held-out figures (`heldout`); schema 3
-refresh layers (`refresh_layers`, `refresh_search`: `--max-refresh`); schema 5 score channels
-(`score_channels`, `channel_search`: `--score-channels`; schema 4 was the withdrawn pool's and is
-refused); schema 6 the refresh layers' KV heads (`refresh_kv_heads`: `--refresh-head-share`); schema
-7 the recent window's search (`window_search`: `--window-grid`).
-Older files load unchanged (one set for every layer or no groups; no refresh layers; whole keys;
-refresh layers scored by every KV head). Loading validates the schema; `check_models`
-refuses a profile made for other models."""
+Schema 2 adds held-out figures (`heldout`); schema 3 refresh layers (`refresh_layers`,
+`refresh_search`: `--max-refresh`); schema 8 drops the fields of features that measured no gain
+(notes/dropped.md). Older files (1, 2, 3, 5, 6, 7; 4 was the withdrawn pool's) load with those
+fields ignored where they are empty (`DROPPED`); a profile that uses one is refused with one line.
+Loading validates the schema; `check_models` refuses a profile made for other models."""
 
 from __future__ import annotations
 
@@ -24,15 +21,15 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.io.files import atomic_write
 from dustin_runtime.sparse.config import (
     DRAFT_KV,
-    LayerGroup,
     SparseConfig,
     scale_m,
     valid_refresh_kv_heads,
 )
 
-SCHEMA_VERSION = 7
-READS = (1, 2, 3, 5, 6, 7)  # 1: no layer groups, no held-out figures; 2: no refresh layers; 3: whole keys;
-# 5: every KV head scores a refresh layer; 6: the window was given, not searched
+SCHEMA_VERSION = 8
+READS = (1, 2, 3, 5, 6, 7, 8)  # 1: no held-out figures; 2: no refresh layers; 3-7: fields of dropped features
+# A field of a dropped feature (schemas 2-7) -> (its value when unused, the feature): ignored when unused.
+DROPPED = {"groups": ([], "layer groups (--max-groups)"), "draft_group": (0, "layer groups (--max-groups)")}
 
 
 @dataclass(frozen=True)
@@ -42,20 +39,6 @@ class HeadChoice:
     layer: int
     kv_head: int
     query_heads: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class GroupChoice:
-    """One layer group: target layers [start, stop) verified over one set, its heads and m (at
-    other budgets too) and its ARR over those layers' attention on the calibration passes."""
-
-    start: int
-    stop: int
-    m: int
-    m_by_budget: dict[int, int]
-    draft_heads: tuple[HeadChoice, ...]
-    target_heads: tuple[HeadChoice, ...]
-    arr: float
 
 
 @dataclass(frozen=True)
@@ -75,10 +58,8 @@ class ModelInfo:
 class Profile:
     """Retrieval heads, the draft/target budget split, and how well they did on calibration text.
 
-    `m`, `draft_heads`, `target_heads` and `arr` are the single set of every layer (Algorithm 1 on
-    the all-layer attention). With `groups` (two or more, covering the target's layers in order)
-    the runtime verifies each group's layers over the group's own set instead, and the draft
-    drafts over group `draft_group`'s set; `arr_layers` is then the layer-weighted ARR."""
+    `m`, `draft_heads`, `target_heads` and `arr` are the one set of every layer (Algorithm 1 on
+    the all-layer attention)."""
 
     tool_version: str
     git_commit: str
@@ -100,8 +81,6 @@ class Profile:
     aggregation: str = "sum"  # over heads and queries: "sum" | "max"
     draft_kv: str = "full"  # what the draft attended while drafting: "full" | "verify-set" (sparse drafting)
     tables: dict[str, str] = field(default_factory=dict)  # name -> file beside the JSON
-    groups: tuple[GroupChoice, ...] = ()
-    draft_group: int = 0  # the group whose set the draft drafts over (draft_kv "verify-set")
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
@@ -115,21 +94,12 @@ class Profile:
     def has_heads(self) -> bool:
         """Whether Algorithm 1 chose any retrieval head (a search whose first round gained less than
         its epsilon chooses none, and such a profile cannot drive the dustin policy)."""
-        if self.groups:
-            return any(g.draft_heads or g.target_heads for g in self.groups)
         return bool(self.draft_heads or self.target_heads)
-
-    @property
-    def arr_layers(self) -> float:
-        """ARR of what the runtime verifies with: the groups' layer-weighted ARR, else `arr`."""
-        if not self.groups:
-            return self.arr
-        return sum((g.stop - g.start) / self.target.num_layers * g.arr for g in self.groups)
 
     def to_sparse_config(self, budget: int | None = None, sinks: int | None = None, window: int | None = None,
                          source: str = "", draft_kv: str | None = None) -> SparseConfig:
         """The runtime's `SparseConfig` at `budget` (default the profile's): the profile's heads and
-        aggregation (per layer group where it has groups), its sinks/window and draft KV mode unless
+        aggregation, its sinks/window and draft KV mode unless
         overridden, and m = the calibrated m at that budget, else the profile's m scaled by the
         runtime's one rule (`sparse.scale_m`), clipped to the free rows."""
         budget = self.budget if budget is None else budget
@@ -148,10 +118,6 @@ class Profile:
 
         common = dict(budget=budget, sinks=sinks, window=window, aggregation=self.aggregation,
                       draft_kv=draft_kv or self.draft_kv, source=source, score_channels=self.score_channels)
-        if self.groups:
-            return SparseConfig(**common, draft_group=self.draft_group, groups=tuple(
-                LayerGroup(g.start, m_at(g.m, g.m_by_budget), heads(g.draft_heads), heads(g.target_heads))
-                for g in self.groups))
         return SparseConfig(**common, m=m_at(self.m, self.m_by_budget), draft_heads=heads(self.draft_heads),
                             target_heads=heads(self.target_heads))
 
@@ -168,8 +134,6 @@ class Profile:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["m_by_budget"] = {str(k): v for k, v in sorted(self.m_by_budget.items())}
-        for g, dg in zip(self.groups, d["groups"], strict=True):
-            dg["m_by_budget"] = {str(k): v for k, v in sorted(g.m_by_budget.items())}
         return {"schema_version": d.pop("schema_version"), **d}
 
     def to_json(self) -> str:
@@ -242,13 +206,6 @@ def _m_by_budget(mb, where: str) -> dict[int, int]:
     return {int(k): v for k, v in mb.items()}
 
 
-def _group(d, where: str) -> GroupChoice:
-    kw = _build(GroupChoice, d, where, skip=("draft_heads", "target_heads", "m_by_budget"))
-    kw.update(draft_heads=_heads(d, "draft_heads", where), target_heads=_heads(d, "target_heads", where),
-              m_by_budget=_m_by_budget(d["m_by_budget"], where))
-    return GroupChoice(**kw)
-
-
 def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> None:
     if not 0 <= m <= prof.budget - prof.sinks - prof.window:
         raise DustinError(f"{where}: m = {m} is outside [0, budget - sinks - window]")
@@ -258,25 +215,25 @@ def _check_m(m: int, m_by_budget: dict[int, int], prof: Profile, where: str) -> 
 
 
 def profile_from_dict(d: dict, source: str = "profile") -> Profile:
-    """Validate and build a `Profile` (schema 1, 2, 3, 5, 6 or 7): field types, ranges, layer groups and heads
-    inside the models' shapes; one clear `DustinError` for anything wrong."""
+    """Validate and build a `Profile` (schema 1, 2, 3, 5, 6, 7 or 8): field types, ranges and heads inside
+    the models' shapes; one clear `DustinError` for anything wrong."""
     if not isinstance(d, dict):
         raise DustinError(f"{source}: not a JSON object")
     version = d.get("schema_version")
     if version not in READS or isinstance(version, bool):
         raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads "
                           f"{', '.join(map(str, READS))})")
-    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "groups", "refresh_layers",
+    for key, (unused, feature) in DROPPED.items():
+        if key in d and d[key] != unused:
+            raise DustinError(f"{source} uses {feature}, which dustin no longer has (notes/dropped.md names the "
+                              "commit that holds it): profile the pair again without it")
+    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "refresh_layers",
                                           "score_channels", "refresh_kv_heads"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
         kw[key] = _heads(d, key, source)
     kw["m_by_budget"] = _m_by_budget(d["m_by_budget"], source)
-    groups = d.get("groups", [])
-    if not isinstance(groups, list):
-        raise DustinError(f"{source}: field groups must be a list of layer groups")
-    kw["groups"] = tuple(_group(g, f"{source}: group {i}") for i, g in enumerate(groups))
     refresh = d.get("refresh_layers", [])
     if not isinstance(refresh, list) or not all(_is(x, int) for x in refresh):
         raise DustinError(f"{source}: field refresh_layers must be a list of layer numbers")
@@ -304,29 +261,17 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
                 or info.num_heads % info.num_kv_heads:
             raise DustinError(f"{source}: {who} shape ({info.num_layers} layers, {info.num_heads} heads, "
                               f"{info.num_kv_heads} KV heads, head dim {info.head_dim}) is not a model's")
-    if prof.groups:
-        bounds = [(g.start, g.stop) for g in prof.groups]
-        flat = [b for pair in bounds for b in pair]
-        if (len(bounds) < 2 or flat[0] != 0 or flat[-1] != prof.target.num_layers
-                or any(a >= b for a, b in bounds) or any(flat[i] != flat[i + 1] for i in range(1, len(flat) - 1, 2))):
-            raise DustinError(f"{source}: layer groups {bounds} must be two or more contiguous ranges covering the "
-                              f"target's {prof.target.num_layers} layers in order")
-        for i, g in enumerate(prof.groups):
-            _check_m(g.m, g.m_by_budget, prof, f"{source}: group {i}")
     r = list(prof.refresh_layers)
-    if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers or prof.groups):
+    if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers):
         raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
-                          f"{prof.target.num_layers}) in ascending order, and only without layer groups")
+                          f"{prof.target.num_layers}) in ascending order")
     hs = prof.refresh_kv_heads
     if hs and not valid_refresh_kv_heads(hs, len(r), prof.target.num_kv_heads):
         raise DustinError(f"{source}: refresh_kv_heads {[list(h) for h in hs]} must give each of the {len(r)} refresh "
                           f"layers one or more distinct KV heads of the target's {prof.target.num_kv_heads}, ascending")
-    if not 0 <= prof.draft_group < max(1, len(prof.groups)):
-        raise DustinError(f"{source}: draft_group {prof.draft_group} is not one of the profile's groups")
-    sets = [(prof.draft_heads, prof.target_heads)] + [(g.draft_heads, g.target_heads) for g in prof.groups]
-    for who, k, info in (("draft", 0, prof.draft), ("target", 1, prof.target)):
+    for who, heads, info in (("draft", prof.draft_heads, prof.draft), ("target", prof.target_heads, prof.target)):
         rep = info.num_heads // info.num_kv_heads
-        for h in (h for heads in sets for h in heads[k]):
+        for h in heads:
             if not (0 <= h.layer < info.num_layers and 0 <= h.kv_head < info.num_kv_heads):
                 raise DustinError(f"{source}: {who} head {h} is outside the model's {info.num_layers} layers "
                                   f"x {info.num_kv_heads} KV heads")

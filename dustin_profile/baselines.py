@@ -8,7 +8,7 @@
   exactly S rows; its ARR uses those per-layer, per-head sets;
 - `oracle`: the top S positions of A itself (the best any one shared set can do);
 - `layer-oracle`: each layer keeps the top S positions of its own A (the best any per-layer sets
-  can do; layer groups lie between the two)."""
+  can do)."""
 
 from __future__ import annotations
 

@@ -94,10 +94,9 @@ class SparsePlan:
         """The settings of this run that change its results (for resume keys)."""
         if cfg is None:
             return {"policy": self.policy}
-        # fields at their one-set defaults are left out: keys of records made before layer groups hold
+        # fields at their defaults are left out: keys of records made before they existed hold
         sparse = {k: v for k, v in asdict(cfg).items()
-                  if k != "source" and not (k in ("groups", "draft_group", "refresh_layers", "refresh_kv_heads", "score_channels")
-                                               and not v)}
+                  if k != "source" and not (k in ("refresh_layers", "refresh_kv_heads", "score_channels") and not v)}
         if cfg.score_channels:  # [Lt][G][r]: its hash (the profile's content holds the table)
             sparse["score_channels"] = hashlib.sha256(json.dumps(sparse["score_channels"]).encode()).hexdigest()[:16]
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
@@ -109,7 +108,7 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
                 refresh_layers: Sequence[int] | None = None) -> SparsePlan:
     """Check one run before any model loads: a known policy, retrieval heads where it needs them
     (a profile that holds some, or --all-heads), budget >= sinks + window, and a draft KV mode the
-    policy can draft over; refresh layers only for dustin with one set. Sinks, window and budget
+    policy can draft over; refresh layers only for dustin. Sinks, window and budget
     default to the profile's, else 4, 64 and 512; draft_kv to the profile's, else full; refresh
     layers (None) to the profile's for dustin, with the profile's KV heads per layer, else none (`()`
     turns the profile's off); refresh layers given here are scored by every KV head."""
@@ -141,17 +140,14 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
                        refresh_layers=refresh_layers)  # and refresh layers out of order
     if policy in HEAD_POLICIES and prof is not None:
         cfg = prof.to_sparse_config(budget, sinks, window)
-        if refresh_layers:
-            replace(cfg, refresh_layers=refresh_layers)  # refuses them with layer groups
-        missing = [who for g in cfg.layer_groups
-                   for who, need, heads in (("draft", g.m > 0, g.draft_heads), ("target", g.m < cfg.free, g.target_heads))
-                   if need and not heads]
+        missing = [who for who, need, heads in (("draft", cfg.m > 0, cfg.draft_heads),
+                                                ("target", cfg.m < cfg.free, cfg.target_heads)) if need and not heads]
         if missing and not prof.has_heads:
             raise DustinError(f"{profile.path} holds no retrieval heads for policy {policy}: Algorithm 1 chose none "
                               "that raised ARR by its --epsilon; profile again with a smaller --epsilon or more "
                               "--windows, or use --all-heads without --profile")
         if missing:
-            raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads (in a layer group), but at budget "
+            raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads, but at budget "
                               f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
     return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv, refresh_layers, refresh_kv_heads)
 

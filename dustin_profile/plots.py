@@ -1,6 +1,5 @@
 """PNG plots beside a profile, drawn from its parquet tables: per-layer ARR of the draft vs the
-target signal (complementarity), ARR over the greedy rounds, ARR vs budget of every method, and
-ARR vs the number of layer groups (when the profile searched them)."""
+target signal (complementarity), ARR over the greedy rounds and ARR vs budget of every method."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ STYLE = {
     "streamingllm": dict(color="C7", ls=":"),
     "quest": dict(color="C2", ls="-."),
     "oracle": dict(color="k", ls=":"),
-    "dustin (groups)": dict(color="C4", lw=2.2, marker="s"),
     "layer-oracle": dict(color="k", ls="--"),
 }
 
@@ -88,22 +86,4 @@ def write_plots(out: Path, prof: Profile) -> dict[str, str]:
     ax.legend(fontsize=8)
     save(fig, "budget")
 
-    if "groups" in prof.tables:
-        groups = table("groups")
-        fig, ax = plt.subplots(figsize=(8, 4.2))
-        ax.plot(groups["groups"], groups["arr"], label="dustin (best K groups, their heads)", **STYLE["dustin (groups)"])
-        ax.plot(groups["groups"], groups["oracle"], label="oracle of the K segments", color="k", marker=".", ls=":")
-        for k in ("layer-oracle", "oracle"):
-            if k in prof.arr_baselines:
-                ax.axhline(prof.arr_baselines[k], label=k, **{kk: vv for kk, vv in STYLE[k].items() if kk != "marker"})
-        for _, r in groups.iterrows():
-            ax.annotate(f"{r['heads']} heads", (r["groups"], r["arr"]), fontsize=7, textcoords="offset points",
-                        xytext=(0, -12), ha="center")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_xlabel("layer groups K")
-        ax.set_ylabel("ARR (layer-weighted)")
-        ax.set_title(_title(prof, "ARR vs layer groups"), fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        save(fig, "groups")
     return names

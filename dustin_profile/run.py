@@ -4,8 +4,7 @@
 With `--retrieval-windows K`, K key-value retrieval episodes (calibration.retrieval_window) follow
 the prose windows; the pass that asks for the fact is scored by the share of the fact's rows the
 set keeps and weighs `--retrieval-weight` of every mean ARR (see `stack_windows`).
-With `--max-groups K > 1` the target's layers may split into up to K groups with their own sets
-(`groups.search_groups`). With `--heldout-windows H`, H more prose windows (cut after the
+With `--heldout-windows H`, H more prose windows (cut after the
 calibration ones) are recorded but not searched on; the profile's `heldout` holds what it found
 scored on them, and dynamic m against fixed m (`heldout`, `dynamic_m`). With `--max-refresh K`
 up to K refresh layers of the dustin policy are chosen last, by teacher-forced perplexity on the
@@ -24,13 +23,12 @@ from pathlib import Path
 import torch
 
 from dustin_profile import calibration as cal
-from dustin_profile.artifact import GroupChoice, HeadChoice, ModelInfo, Profile, model_info
+from dustin_profile.artifact import HeadChoice, ModelInfo, Profile, model_info
 from dustin_profile.baselines import baseline_arrs
 from dustin_profile.calib_arr import CalibStats, arr_exact
 from dustin_profile.candidates import Candidate, candidates_of
 from dustin_profile.groundtruth import record_window
-from dustin_profile.groups import GroupsResult, search_groups
-from dustin_profile.heldout import heldout_figures, set_arr
+from dustin_profile.heldout import heldout_figures
 from dustin_profile.search import (
     SearchConfig,
     SearchResult,
@@ -68,10 +66,9 @@ class ProfileConfig:
     sinks: int = 4
     window: int = 64
     budgets: tuple[int, ...] = (128, 256, 512, 1024)  # ARR-vs-budget and m_by_budget
-    max_heads: int = 8  # per layer group
-    epsilon: float = 1e-3  # least ARR gain of a head, and of one more layer group
+    max_heads: int = 8
+    epsilon: float = 1e-3  # least ARR gain of a head
     m_points: int = 9
-    max_groups: int = 1  # layer groups of the target (1: one set for every layer)
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
     score_channels: int = 0  # key channels r the target's scorers read (channels.py; 0: whole keys)
@@ -105,8 +102,8 @@ class ProfileConfig:
             raise DustinError(f"budgets {bad} are smaller than sinks + window ({self.sinks + self.window})")
         if self.retrieval < 0 or not 0.0 <= self.retrieval_weight < 1.0:
             raise DustinError("--retrieval-windows must be >= 0 and --retrieval-weight in [0, 1)")
-        if self.windows < 1 or self.positions < 1 or self.max_heads < 1 or self.m_points < 1 or self.max_groups < 1:
-            raise DustinError("--windows, --positions, --max-heads, --m-points and --max-groups must be >= 1")
+        if self.windows < 1 or self.positions < 1 or self.max_heads < 1 or self.m_points < 1:
+            raise DustinError("--windows, --positions, --max-heads and --m-points must be >= 1")
         if self.heldout < 0:
             raise DustinError("--heldout-windows must be >= 0")
         if self.max_refresh < 0:
@@ -119,11 +116,6 @@ class ProfileConfig:
             raise DustinError("--refresh-head-share keeps some KV heads of the refresh layers: give --max-refresh too")
         if self.window_grid:
             check_grid(self.window_grid, self.budget, self.sinks)
-            if self.max_groups > 1:
-                raise DustinError("--window-grid chooses the window of one set: it cannot be combined with "
-                                  "--max-groups > 1")
-        if self.max_refresh and self.max_groups > 1:
-            raise DustinError("--max-refresh re-selects one set: it cannot be combined with --max-groups > 1")
         if not math.isfinite(self.epsilon) or self.epsilon < 0:
             raise DustinError(f"--epsilon must be a finite number >= 0, got {self.epsilon}")
         if self.verify_tokens not in ("draft", "text"):
@@ -151,10 +143,9 @@ def tool_version() -> str:
 
 
 def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: int, context: int,
-                dtype_bytes: int = 2, groups: int = 1) -> dict:
+                dtype_bytes: int = 2) -> dict:
     """Key bytes the estimator reads per step (chosen draft heads over the draft cache, chosen
-    target heads over the target cache, summed over the layer groups: each group scores its own
-    heads) vs the K+V bytes full verification reads."""
+    target heads over the target cache) vs the K+V bytes full verification reads."""
     key = (n_draft * dcfg.head_dim + n_target * tcfg.head_dim) * context * dtype_bytes
     full = 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * context * dtype_bytes
     return {
@@ -165,7 +156,6 @@ def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: in
         "dtype_bytes": dtype_bytes,
         "draft_kv_heads": n_draft,
         "target_kv_heads": n_target,
-        "groups": groups,
         "note": "one pass over the keys of each chosen KV head per sequence; the fused srh_scores "
                 "kernel reads them twice (share x 2)",
     }
@@ -229,7 +219,7 @@ def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0
     if retrieval:
         per = [r["lengths"].numel() for r in recs]
         asks = [sum(per[:w]) for w in range(len(recs) - retrieval, len(recs))]
-        if facts is not None:  # every layer's too (layer groups are scored on them)
+        if facts is not None:  # every layer's too (the per-layer tables are scored on them)
             cat["attn"], cat["layer_attn"] = cat["attn"].clone(), cat["layer_attn"].clone()
             for p, (a, b) in zip(asks, facts, strict=True):
                 cat["attn"][p] = 0.0
@@ -364,24 +354,14 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
                                            window=cfg.window, m=m)))
     if abs(exact - arr) > 1e-4:
         raise DustinError(f"internal error: ARR from the grid ({arr:.6f}) != ARR through select_indices ({exact:.6f})")
-    gres = None
-    if cfg.max_groups > 1:
-        t_groups = time.perf_counter()
-        with console.status("layer groups") as status:
-            gres = search_groups(stats, cands, scfg, list(cfg.all_budgets), cfg.max_groups, single=res,
-                                 progress=lambda k, i, total: status.update(
-                                     f"layer groups: {k} groups, Algorithm 1 on group {i}/{total}"))
-        _check_groups(stats, cands, gres, cfg)
-        t_search += time.perf_counter() - t_groups
-    groups, draft_group, draft_group_arr = _group_choices(stats, cands, gres, cfg)
     heldout = {}
     if h:
         held = stack_windows(held_recs, cfg.all_budgets).to(device)
         heldout = {"windows": [{"source": _relative(w.source), "offset": w.offset} for w in held_windows],
-                   **heldout_figures(stats, held, cands, res, m, gres, budget=cfg.budget, sinks=cfg.sinks,
+                   **heldout_figures(stats, held, cands, res, m, budget=cfg.budget, sinks=cfg.sinks,
                                      window=cfg.window, m_points=cfg.m_points)}
     stage = work / out.name  # tables and plots are written here, then published with the JSON
-    tables = write_tables(stage, cfg, stats, cands, res, sweep, command, gres)
+    tables = write_tables(stage, cfg, stats, cands, res, sweep, command)
     accepted = torch.cat([r["accepted"] for r in recs]).float()
     calib = {
         "description": f"{len(windows)} windows of {cfg.context + cfg.gamma + 1} tokens from "
@@ -405,9 +385,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         "sha256": cal.windows_hash(windows),
         "mean_accepted": float(accepted.mean()),
         "search": {"max_heads": cfg.max_heads, "epsilon": cfg.epsilon, "m_points": cfg.m_points, "stop": res.stop,
-                   "rounds": len(res.rounds) - 1, "max_groups": cfg.max_groups,
-                   **({"groups": {"trials": gres.trials, "stop": gres.stop, "draft_group_arr": draft_group_arr}}
-                      if gres is not None else {})},
+                   "rounds": len(res.rounds) - 1},
         "run": {"command": command, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
                 "torch": torch.__version__, "python": platform.python_version(),
                 "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
@@ -432,13 +410,11 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         arr=arr,
         arr_baselines=baseline_arrs(stats, cfg.budget, cfg.sinks, cfg.window),
         calibration=calib,
-        online_cost=online_cost(tgt.model.cfg, drf.model.cfg, *_head_counts(res, gres if groups else None),
-                                cfg.context, groups=max(1, len(groups))),
+        online_cost=online_cost(tgt.model.cfg, drf.model.cfg, len(res.draft_heads), len(res.target_heads),
+                                cfg.context),
         aggregation="sum",
         draft_kv=cfg.draft_kv,
         tables=tables,
-        groups=groups,
-        draft_group=draft_group,
         heldout=heldout,
     )
     from dustin_profile.plots import write_plots
@@ -568,42 +544,6 @@ def _search_window(prof: Profile, cfg: ProfileConfig, target, draft, calib_windo
 
 def _heads(cands: list[Candidate]) -> tuple[HeadChoice, ...]:
     return tuple(HeadChoice(c.layer, c.kv_head, c.query_heads) for c in cands)
-
-
-def _head_counts(res: SearchResult, gres: GroupsResult | None) -> tuple[int, int]:
-    """(draft, target) KV heads the estimator scores per step: the single set's, or every group's."""
-    found = [res] if gres is None else [g.search for g in gres.groups]
-    return sum(len(r.draft_heads) for r in found), sum(len(r.target_heads) for r in found)
-
-
-def _check_groups(stats: CalibStats, cands: list[Candidate], gres: GroupsResult, cfg: ProfileConfig) -> None:
-    """Each group's ARR from the grid equals the ARR of the set `select_indices` picks."""
-    from dustin_profile.groups import LayerAttention
-
-    la = LayerAttention(stats)
-    for g in gres.groups:
-        st = la.stats_of(g.start, g.stop)
-        arr, m = g.sweep[cfg.budget]
-        prim, sec = signal_sums(st, cands, g.search.chosen)
-        exact = float(st.average(arr_exact(st, prim, sec, budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=m)))
-        if abs(exact - arr) > 1e-4:
-            raise DustinError(f"internal error: layers [{g.start}, {g.stop}): ARR from the grid ({arr:.6f}) != "
-                              f"ARR through select_indices ({exact:.6f})")
-
-
-def _group_choices(stats: CalibStats, cands: list[Candidate], gres: GroupsResult | None,
-                   cfg: ProfileConfig) -> tuple[tuple[GroupChoice, ...], int, list[float]]:
-    """(the profile's groups, the draft's group, each group's set's ARR over all layers). One
-    group is no groups. The draft drafts over the group whose set keeps the most of the all-layer
-    attention: the one set that serves the whole model best."""
-    if gres is None or len(gres.groups) < 2:
-        return (), 0, []
-    choices = tuple(GroupChoice(g.start, g.stop, g.sweep[cfg.budget][1], {b: mb for b, (_, mb) in g.sweep.items()},
-                                _heads(g.search.draft_heads), _heads(g.search.target_heads), g.sweep[cfg.budget][0])
-                    for g in gres.groups)
-    whole = [set_arr(stats, cands, g.search.chosen, g.sweep[cfg.budget][1], cfg.budget, cfg.sinks, cfg.window)
-             for g in gres.groups]
-    return choices, max(range(len(whole)), key=lambda i: (whole[i], -i)), whole
 
 
 def info_of(spec: str) -> ModelInfo:

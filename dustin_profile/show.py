@@ -7,8 +7,7 @@ from pathlib import Path
 from dustin_profile.artifact import Profile
 from dustin_runtime.errors import DustinError
 
-COLUMNS = {"budgets": ("method", "budget", "arr", "m"), "rounds": ("round", "added", "m", "arr", "gain"),
-           "groups": ("groups", "segments", "oracle", "arr", "heads")}
+COLUMNS = {"budgets": ("method", "budget", "arr", "m"), "rounds": ("round", "added", "m", "arr", "gain")}
 
 
 def _table(prof: Profile, folder: Path | None, name: str):
@@ -49,10 +48,6 @@ def _added(r) -> str:
 
 def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.2%}"
-
-
-def _labels(heads) -> str:
-    return " ".join(f"L{h.layer}.{h.kv_head}" for h in heads) or "-"
 
 
 def _dynamic_rows(heldout: dict) -> list[tuple[str, str]]:
@@ -100,8 +95,7 @@ def render(prof: Profile, folder: Path | None = None) -> list:
     rows += [
         ("gamma / budget / sinks / window", f"{prof.gamma} / {prof.budget} / {prof.sinks} / {prof.window}"),
         ("m (draft share of the budget)", f"{prof.m} of {prof.budget - prof.sinks - prof.window}"),
-        ("ARR", f"{prof.arr:.4f}" + (f" one set; {prof.arr_layers:.4f} with {len(prof.groups)} layer groups"
-                                     if prof.groups else "")),
+        ("ARR", f"{prof.arr:.4f}"),
         ("estimator cost", f"{_pct(_num(prof.online_cost, 'share'))} of the full cache's bytes per step "
                            f"({prof.online_cost.get('draft_kv_heads')} draft + {prof.online_cost.get('target_kv_heads')}"
                            f" target KV heads)"),
@@ -160,23 +154,11 @@ def render(prof: Profile, folder: Path | None = None) -> list:
             t.add_row(who, str(h.layer), str(h.kv_head), ",".join(map(str, h.query_heads)))
     out.append(t)
 
-    if prof.groups:
-        t = Table(title=f"layer groups (the runtime verifies each over its own set; the draft over group "
-                        f"{prof.draft_group}'s)")
-        for c in ("group", "layers", "m", "ARR", "draft heads", "target heads"):
-            t.add_column(c, justify="right" if c not in ("draft heads", "target heads") else "left")
-        for i, g in enumerate(prof.groups):
-            t.add_row(str(i), f"{g.start}-{g.stop - 1}", str(g.m), f"{g.arr:.4f}", _labels(g.draft_heads),
-                      _labels(g.target_heads))
-        out.append(t)
-
     t = Table(title=f"ARR at S = {prof.budget} on the calibration passes")
     t.add_column("method")
     t.add_column("ARR", justify="right")
     t.add_column("vs dustin", justify="right")
     t.add_row("[bold]dustin[/]", f"[bold]{prof.arr:.4f}[/]", "")
-    if prof.groups:
-        t.add_row("[bold]dustin (groups)[/]", f"[bold]{prof.arr_layers:.4f}[/]", f"{prof.arr_layers - prof.arr:+.4f}")
     for k, v in prof.arr_baselines.items():
         t.add_row(k, f"{v:.4f}", f"{v - prof.arr:+.4f}")
     out.append(t)
@@ -211,18 +193,6 @@ def render(prof: Profile, folder: Path | None = None) -> list:
             t.add_row(str(b), str(m))
         out.append(t)
 
-    df = _table(prof, folder, "groups")
-    if df is not None:
-        t = Table(title="layer groups searched (best K contiguous groups by the oracle, then Algorithm 1 on each)")
-        held = _sub(prof.heldout, "groups")
-        for c in ("K", "layers", "oracle", "ARR", "held-out ARR", "heads"):
-            t.add_column(c, justify="right")
-        for _, r in df.iterrows():
-            h = _num(held, str(r["groups"]))
-            t.add_row(str(r["groups"]), str(r["segments"]), f"{r['oracle']:.4f}", f"{r['arr']:.4f}",
-                      "" if h is None else f"{h:.4f}", str(r["heads"]))
-        out.append(t)
-
     df = _table(prof, folder, "rounds")
     if df is not None:
         t = Table(title="greedy rounds (Algorithm 1)")
@@ -248,7 +218,7 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
     cols = [] if budgets is None else [b for b in budgets.columns if b != prof.budget]
     lines.append("| method | ARR at S = " + str(prof.budget) + " | " + " | ".join(f"S = {b}" for b in cols) + " |")
     lines.append("| --- | ---: |" + " ---: |" * len(cols))
-    rows = [("**dustin**", prof.arr)] + ([("**dustin (groups)**", prof.arr_layers)] if prof.groups else [])
+    rows = [("**dustin**", prof.arr)]
     for name, v in (*rows, *prof.arr_baselines.items()):
         key = name.strip("*")
         extra = [f"{budgets.loc[key, b]:.4f}" for b in cols] if budgets is not None and key in budgets.index else [""] * len(cols)
@@ -256,20 +226,6 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
     lines += ["", "| model | layer | KV head | query heads |", "| --- | ---: | ---: | --- |"]
     for who, heads in (("draft", prof.draft_heads), ("target", prof.target_heads)):
         lines += [f"| {who} | {h.layer} | {h.kv_head} | {','.join(map(str, h.query_heads))} |" for h in heads]
-    if prof.groups:
-        lines += ["", f"Layer groups (the draft drafts over group {prof.draft_group}'s set):", "",
-                  "| group | layers | m | ARR over its layers | draft heads | target heads |",
-                  "| ---: | --- | ---: | ---: | --- | --- |"]
-        lines += [f"| {i} | {g.start}-{g.stop - 1} | {g.m} | {g.arr:.4f} | {_labels(g.draft_heads)} | "
-                  f"{_labels(g.target_heads)} |" for i, g in enumerate(prof.groups)]
-    df = _table(prof, folder, "groups")
-    if df is not None:
-        held = _sub(prof.heldout, "groups")
-        lines += ["", "| K groups | layers | oracle of the K segments | ARR | held-out ARR | heads |",
-                  "| ---: | --- | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {r['groups']} | {r['segments']} | {r['oracle']:.4f} | {r['arr']:.4f} | "
-                  f"{'' if _num(held, str(r['groups'])) is None else format(_num(held, str(r['groups'])), '.4f')} | "
-                  f"{r['heads']} |" for _, r in df.iterrows()]
     held = _sub(prof.heldout, "arr")
     if held:
         lines += ["", f"On {prof.heldout.get('passes')} held-out passes:", "", "| method | ARR |", "| --- | ---: |"]

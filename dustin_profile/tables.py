@@ -1,6 +1,5 @@
 """The parquet tables beside a profile: the greedy rounds, every candidate evaluation of every
-round, ARR vs budget of every method, the per-layer ARR of each signal (and of the layer groups'
-sets and the per-layer oracle), and the layer-group trials."""
+round, ARR vs budget of every method, the per-layer ARR of each signal and the per-layer oracle."""
 
 from __future__ import annotations
 
@@ -9,17 +8,13 @@ from pathlib import Path
 from dustin_profile.baselines import baseline_arrs, oracle_by_layer
 from dustin_profile.calib_arr import CalibStats, layer_arr, select
 from dustin_profile.candidates import Candidate
-from dustin_profile.groups import GroupsResult
 from dustin_profile.search import SearchResult, signal_sums
-
-GROUPS = "dustin (groups)"
 
 
 def write_tables(out: Path, cfg, stats: CalibStats, cands: list[Candidate], res: SearchResult,
-                 sweep: dict, command: str, groups: GroupsResult | None = None) -> dict[str, str]:
+                 sweep: dict, command: str) -> dict[str, str]:
     """The parquet tables beside the JSON: rounds, candidates (every evaluation of every round),
-    budgets (ARR vs budget of every method), layers (per-layer ARR of each signal), and with a
-    layer-group search, groups (ARR and oracle of the best K groups for each K tried)."""
+    budgets (ARR vs budget of every method) and layers (per-layer ARR of each signal)."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -36,12 +31,8 @@ def write_tables(out: Path, cfg, stats: CalibStats, cands: list[Candidate], res:
         "arr": a, "m": mm, "gain": a - res.rounds[r.index - 1].arr, "chosen": chosen_at.get(c) == r.index,
     } for r in res.rounds for (c, a, mm) in r.evaluations])
     rows = []
-    several = groups is not None and len(groups.groups) > 1
-    Lt = stats.layer_attn.shape[1]
     for b in cfg.all_budgets:
         rows.append({"method": "dustin", "budget": b, "arr": sweep[b][0], "m": sweep[b][1]})
-        if several:
-            rows.append({"method": GROUPS, "budget": b, "arr": groups.arr_at(b, Lt), "m": None})
         for k, v in baseline_arrs(stats, b, cfg.sinks, cfg.window).items():
             rows.append({"method": k, "budget": b, "arr": v, "m": None})
     budgets = pd.DataFrame(rows)
@@ -59,18 +50,10 @@ def write_tables(out: Path, cfg, stats: CalibStats, cands: list[Candidate], res:
         idx = select(stats, p, s, budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=m)
         for layer, v in enumerate(layer_arr(stats, idx).tolist()):
             layer_rows.append({"method": name, "layer": layer, "arr": v})
-    if several:
-        for g in groups.groups:
-            p, s = signal_sums(stats, cands, g.search.chosen)
-            idx = select(stats, p, s, budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=g.sweep[cfg.budget][1])
-            per = layer_arr(stats, idx).tolist()
-            layer_rows += [{"method": GROUPS, "layer": layer, "arr": per[layer]} for layer in range(g.start, g.stop)]
     for layer, v in enumerate(stats.average(oracle_by_layer(stats, cfg.budget).T).tolist()):
         layer_rows.append({"method": "layer-oracle", "layer": layer, "arr": v})
     layers = pd.DataFrame(layer_rows)
     frames = [("rounds", rounds), ("candidates", candidates), ("budgets", budgets), ("layers", layers)]
-    if groups is not None:
-        frames.append(("groups", pd.DataFrame([{**t, "segments": str(t["segments"])} for t in groups.trials])))
     names = {}
     meta = {b"command": command.encode()}
     for name, df in frames:

@@ -27,9 +27,9 @@ def refresh_at(policy, r: int):
         out = attend(layer, q, cache, ctx)  # scores this layer's retrieval heads, attends the current set
         if layer == r:
             c = policy.cfg
-            for g in policy.groups:
-                now = normalise_(g.history.clone())
-                policy.ops.select_indices(now, None, ctx.start, g.indices, sinks=c.sinks, window=c.window, m=c.free)
+            g = policy.sig
+            now = normalise_(g.history.clone())
+            policy.ops.select_indices(now, None, ctx.start, g.indices, sinks=c.sinks, window=c.window, m=c.free)
         return out
 
     policy.verify_attend = verify_attend

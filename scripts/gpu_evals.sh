@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # The SmolLM2 pair's evaluations with statistical power, on a GPU (the CPU takes hours):
 # PG-19-style perplexity over 16 windows x 1024 scored tokens and paired acceptance over
-# 8 windows x 256 new tokens, at 4k and 8k, S = 512, with the single-set and the layer-group
-# profiles, with sparse drafting, and with the single-set profile's refresh layers (`dustin profile
+# 8 windows x 256 new tokens, at 4k and 8k, S = 512, with the profile, with sparse drafting, and with the single-set profile's refresh layers (`dustin profile
 # --max-refresh`; the other P1 steps pass --refresh-layers none; REFRESH=8,20 gives a list by hand, REFRESH=none turns them off). Usage: `make repro-evals-gpu`
 # (or TARGET=<file.gguf> BOOKS=<eval books folder> bash scripts/gpu_evals.sh where the `smollm2`
-# package is missing). Env overrides: DRAFT (the draft checkpoint), P1 / PG (the single-set and
-# layer-group profiles), ONLY (space-separated step names, e.g. ONLY="pg19-refresh acceptance-refresh";
-# default: every step). Steps: pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set
+# package is missing). Env overrides: DRAFT (the draft checkpoint), P1 (the profile), ONLY (space-separated step names, e.g. ONLY="pg19-refresh acceptance-refresh";
+# default: every step). Steps: pg19 acceptance acceptance-verify-set
 # pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 (the profile's refresh layers
 # at S = 768 and 1024) acceptance-draft-paired (sparse drafting against full-KV drafting on the same steps:
 # every eval book, 24 windows, into $ACP; not part of the default run) acceptance-lookup (the draft
@@ -21,7 +19,6 @@ DRAFT=${DRAFT:-models/smollm2-draft}
 BOOKS=${BOOKS:-../shared/corpus/gutenberg/eval}
 DTYPE=${DTYPE:-fp32}
 P1=${P1:-profiles/smollm2-draft.json}
-PG=${PG:-profiles/smollm2-draft-groups.json}
 ONLY=${ONLY:-}
 REFRESH=${REFRESH:-}  # empty: the profile's refresh layers
 refresh=${REFRESH:+--refresh-layers $REFRESH}
@@ -29,7 +26,7 @@ PGO=${PGO:-results/pg19-16x1024}  # output folders (overridable: a device run wr
 ACO=${ACO:-results/acceptance-8x256}
 ACP=${ACP:-results/acceptance-24x256}
 ACB=${ACB:-results/acceptance-72x256}
-STEPS="pg19 acceptance pg19-groups acceptance-groups acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books"
+STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -47,13 +44,6 @@ done
 step acceptance $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 8 \
   --max-new-tokens 256 --budgets 512 --policies full,dustin,streamingllm,quest,oracle --profile $P1 --refresh-layers none \
   --out-dir $ACO --name smollm2-draft
-for ctx in 4096 7168; do
-  step pg19-groups $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
-    --windows 16 --batch-size 16 --policy full,dustin --budget 512 --profile $PG --out-dir $PGO/groups
-done
-step acceptance-groups $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
-  --windows 8 --max-new-tokens 256 --budgets 512 --policies full,dustin --profile $PG --out-dir $ACO \
-  --name smollm2-draft-groups
 step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
   --windows 8 --max-new-tokens 256 --budgets 512 --policies dustin,streamingllm --draft-kv verify-set \
   --profile $P1 --refresh-layers none --out-dir $ACO --name smollm2-draft-verify-set

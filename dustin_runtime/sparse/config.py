@@ -1,5 +1,5 @@
-"""The sparse-verification configuration: budget, sinks, window, draft share m and the retrieval heads,
-for all target layers at once or per contiguous group of layers.
+"""The sparse-verification configuration: budget, sinks, window, draft share m and the retrieval heads
+of the one set per sequence that every target layer attends.
 
 The runtime never reads a profile artifact itself: `dustin_profile.Profile.to_sparse_config` turns
 one into a `SparseConfig` (with `scale_m`, the one rule for m at another budget), and
@@ -23,17 +23,6 @@ DRAFT_KV = ("full", "verify-set")  # what the draft attends while drafting
 
 
 @dataclass(frozen=True)
-class LayerGroup:
-    """Target layers [start, the next group's start) verified over one set per sequence, chosen by
-    this group's retrieval heads (any layer of either model) and draft share m."""
-
-    start: int
-    m: int = 0
-    draft_heads: tuple[Head, ...] = ()
-    target_heads: tuple[Head, ...] = ()
-
-
-@dataclass(frozen=True)
 class SparseConfig:
     """Verification set of S = `budget` context rows per sequence: [0, sinks) + the last `window`
     rows + top-`m` by the draft signal + the rest by the target signal. `aggregation` reduces the
@@ -41,11 +30,7 @@ class SparseConfig:
     attends its whole cache while drafting ("full"), or only the latest verification set, the
     rows committed since and this step's drafts ("verify-set").
 
-    `groups` (two or more, starts ascending from 0) split the target's layers, each group with its
-    own heads, m and set (then `m` is 0 and `draft_heads` / `target_heads` are empty); the draft
-    drafts over the set of group `draft_group`. `layer_groups` is the one view of both forms.
-
-    `refresh_layers` (one set only): target layers at which the verification pass chooses the set
+    `refresh_layers`: target layers at which the verification pass chooses the set
     again, from the current queries of every KV head of that layer (scored as the pass reaches it);
     that layer and the following ones attend the new set, the earlier ones the set chosen before
     the pass. Each refresh reads one layer's keys. `refresh_kv_heads` (a profile's, or empty: every KV
@@ -67,8 +52,6 @@ class SparseConfig:
     page_size: int = QUEST_PAGE
     draft_kv: str = "full"
     source: str = ""  # where it came from (a profile path, "all heads", ...), for records
-    groups: tuple[LayerGroup, ...] = ()
-    draft_group: int = 0
     refresh_layers: tuple[int, ...] = ()
     refresh_kv_heads: tuple[tuple[int, ...], ...] = ()
     score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()
@@ -79,18 +62,10 @@ class SparseConfig:
         if self.budget < self.sinks + self.window or self.budget <= 0:
             raise DustinError(f"budget {self.budget} is smaller than sinks + window "
                               f"({self.sinks} + {self.window}); give --budget >= {max(1, self.sinks + self.window)}")
-        if self.groups:
-            starts = [g.start for g in self.groups]
-            if len(starts) < 2 or starts[0] != 0 or starts != sorted(set(starts)):
-                raise DustinError(f"layer groups must be two or more with starts ascending from 0, got {starts}")
-            if self.m or self.draft_heads or self.target_heads:
-                raise DustinError("with layer groups, m and the retrieval heads belong to the groups")
         if self.refresh_layers:
             r = list(self.refresh_layers)
             if r != sorted(set(r)) or r[0] < 0:
                 raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
-            if self.groups:
-                raise DustinError("refresh layers re-select one set: they cannot be combined with layer groups")
         if self.refresh_kv_heads and not valid_refresh_kv_heads(self.refresh_kv_heads, len(self.refresh_layers)):
             raise DustinError(f"refresh KV heads must list, for each of the {len(self.refresh_layers)} refresh "
                               f"layers, one or more distinct KV heads >= 0 in ascending order, got "
@@ -101,21 +76,17 @@ class SparseConfig:
                                                   for layer in self.score_channels for c in layer):
                 raise DustinError("score channels must list the same number (>= 1) of distinct channels >= 0 for "
                                   "every layer and KV head")
-        if not 0 <= self.draft_group < len(self.layer_groups):
-            raise DustinError(f"draft group {self.draft_group} is not one of the {len(self.layer_groups)} groups")
-        for g in self.layer_groups:
-            if not 0 <= g.m <= self.free:
-                raise DustinError(f"m = {g.m} is outside [0, budget - sinks - window = {self.free}]")
+        if not 0 <= self.m <= self.free:
+            raise DustinError(f"m = {self.m} is outside [0, budget - sinks - window = {self.free}]")
         if self.aggregation not in ("sum", "max"):
             raise DustinError(f"aggregation must be 'sum' or 'max', got {self.aggregation!r}")
         if self.page_size < 1:
             raise DustinError("page size must be >= 1")
         if self.draft_kv not in DRAFT_KV:
             raise DustinError(f"draft KV must be one of {', '.join(DRAFT_KV)}, got {self.draft_kv!r}")
-        for g in self.layer_groups:
-            for h in g.draft_heads + g.target_heads:
-                if len(h) != 3 or not h[2]:
-                    raise DustinError(f"retrieval head {h} must be (layer, kv_head, non-empty query_heads)")
+        for h in self.draft_heads + self.target_heads:
+            if len(h) != 3 or not h[2]:
+                raise DustinError(f"retrieval head {h} must be (layer, kv_head, non-empty query_heads)")
 
     @property
     def free(self) -> int:
@@ -133,30 +104,16 @@ class SparseConfig:
         return {layer: tuple(h for h in every_head(cfg) if h[0] == layer and (layer not in kv or h[1] in kv[layer]))
                 for layer in self.refresh_layers}
 
-    @property
-    def layer_groups(self) -> tuple[LayerGroup, ...]:
-        """The groups, or the one group of every layer (the top-level m and heads)."""
-        return self.groups or (LayerGroup(0, self.m, self.draft_heads, self.target_heads),)
-
-    def group_of(self, num_layers: int) -> list[int]:
-        """[num_layers] the group index of each target layer."""
-        starts = [g.start for g in self.layer_groups]
-        return [sum(s <= layer for s in starts) - 1 for layer in range(num_layers)]
-
     def with_budget(self, budget: int, m: int | None = None) -> SparseConfig:
-        """The same heads at another budget; each m scaled to keep its share of the free rows unless
-        given (one group)."""
+        """The same heads at another budget; m scaled to keep its share of the free rows unless given."""
         new_free = budget - self.sinks - self.window
-        if self.groups:
-            return replace(self, budget=budget, groups=tuple(
-                replace(g, m=scale_m(g.m, self.free, new_free)) for g in self.groups))
         if m is None:
             m = scale_m(self.m, self.free, new_free)
         return replace(self, budget=budget, m=m)
 
     def check_models(self, target: ModelConfig, draft: ModelConfig) -> None:
         """Refuse heads outside the models' shapes, query heads outside their KV head's group, or
-        layer groups past the target's layers."""
+        refresh layers past the target's layers."""
         if self.refresh_layers and self.refresh_layers[-1] >= target.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {target.num_layers} "
                               f"layers (0..{target.num_layers - 1})")
@@ -170,10 +127,7 @@ class SparseConfig:
                    or max(max(c) for layer in ch for c in layer) >= target.head_dim):
             raise DustinError(f"score channels must be [{target.num_layers} layers][{target.num_kv_heads} KV heads][r] "
                               f"channels below the target's head dim {target.head_dim}")
-        if self.layer_groups[-1].start >= target.num_layers:
-            raise DustinError(f"layer group starting at layer {self.layer_groups[-1].start} is past the target's "
-                              f"{target.num_layers} layers")
-        for who, heads, cfg in (("draft", self.all_draft_heads, draft), ("target", self.all_target_heads, target)):
+        for who, heads, cfg in (("draft", self.draft_heads, draft), ("target", self.target_heads, target)):
             for layer, kv, qh in heads:
                 if not (0 <= layer < cfg.num_layers and 0 <= kv < cfg.num_kv_heads):
                     raise DustinError(f"{who} retrieval head (layer {layer}, KV head {kv}) is outside the "
@@ -182,15 +136,6 @@ class SparseConfig:
                 if bad:
                     raise DustinError(f"{who} retrieval head (layer {layer}, KV head {kv}): query heads {bad} "
                                       f"do not use KV head {kv}")
-
-    @property
-    def all_draft_heads(self) -> tuple[Head, ...]:
-        """Every group's draft heads (repeats kept: each group scores its own)."""
-        return tuple(h for g in self.layer_groups for h in g.draft_heads)
-
-    @property
-    def all_target_heads(self) -> tuple[Head, ...]:
-        return tuple(h for g in self.layer_groups for h in g.target_heads)
 
     @classmethod
     def all_heads(

@@ -2,8 +2,7 @@
 
 - `full`: lossless speculative decoding, the target attends over the whole cache.
 - `dustin`: sinks + window + top-m by the draft lookahead signal + fill to S by the target history
-  signal (the profile's heads and m), one set per sequence for every target layer and head; or,
-  with layer groups, one such set per group (its own heads and m) for the group's layers.
+  signal (the profile's heads and m), one set per sequence for every target layer and head.
 - `draft-only`: every draft KV head's lookahead signal chooses every free row (m = S - sinks -
   window), as the profiler's baseline of that name.
 - `target-only`: every target KV head's history signal chooses every free row (m = 0), likewise.
@@ -37,7 +36,7 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
-from dustin_runtime.sparse.config import POLICIES, LayerGroup, SparseConfig, every_head
+from dustin_runtime.sparse.config import POLICIES, SparseConfig, every_head
 from dustin_runtime.sparse.label_keys import LabelKeys
 from dustin_runtime.sparse.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.sparse.selection import QuestPages, quest_indices, streaming_indices
@@ -343,15 +342,15 @@ class SparsePolicy(SpecHooks):
         return out
 
 
-class GroupSignals:
-    """The signals and set of one layer group of `SignalPolicy`: its draft heads' lookahead and its
-    target heads' history ([B, N_max] fp32 each, normalised before selection) and its [B, S] set."""
+class SetSignals:
+    """The signals and set of `SignalPolicy`: its draft heads' lookahead and its target heads'
+    history ([B, N_max] fp32 each, normalised before selection) and its [B, S] set."""
 
-    def __init__(self, group: LayerGroup, policy: SignalPolicy, batch: int, max_len: int, device):
+    def __init__(self, policy: SignalPolicy, batch: int, max_len: int, device):
         c, dc, tp = policy.cfg, policy.draft.cfg, policy.tp
-        self.m = group.m
-        self.use_draft = bool(group.draft_heads) and group.m > 0
-        self.use_target = bool(group.target_heads) and group.m < c.free
+        self.m = c.m
+        self.use_draft = bool(c.draft_heads) and c.m > 0
+        self.use_target = bool(c.target_heads) and c.m < c.free
         self.qbuf: dict[int, torch.Tensor] = {}  # SRH layer -> its queries' buffer (history scored on a side stream)
         self.lookahead_ready = False  # the lookahead was scored (and normalised) during the step's drafting
         self.draft_score = torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
@@ -360,12 +359,12 @@ class GroupSignals:
         self.draft_rows = self.draft_score  # the lookahead of the draft's rows (TP: a rank's, then gathered)
         if tp is not None:
             self.draft_rows = torch.zeros(policy.dcache.batch, max_len, dtype=torch.float32, device=device)
-        self.lookahead = (DraftLookahead(group.draft_heads, policy.dcache.batch, policy.gamma, dc.head_dim,
+        self.lookahead = (DraftLookahead(c.draft_heads, policy.dcache.batch, policy.gamma, dc.head_dim,
                                          policy.dcache.k[0].dtype, device, c.aggregation, policy.ops)
                           if self.use_draft else None)
-        heads = local_heads(group.target_heads, tp, policy.target.cfg)
+        heads = local_heads(c.target_heads, tp, policy.target.cfg)
         if policy.per_rank and self.use_target:  # every rank must have target heads of its own
-            empty = [r for r in range(tp.world) if not local_heads(group.target_heads, tp, policy.target.cfg, rank=r)]
+            empty = [r for r in range(tp.world) if not local_heads(c.target_heads, tp, policy.target.cfg, rank=r)]
             if empty:
                 raise DustinError(f"per-KV-head selection: rank {empty[0]} of {tp.world} holds none of the target "
                                   "retrieval heads, so it has no signal to select with (use --tp-select shared)")
@@ -373,7 +372,7 @@ class GroupSignals:
                               if self.use_target else None)
 
     def select(self, policy: SignalPolicy, lens: torch.Tensor) -> None:
-        """This group's set for context lengths lens [B]: sinks + window + top-m by the lookahead +
+        """The set for context lengths lens [B]: sinks + window + top-m by the lookahead +
         the rest by the history (one signal alone chooses every free row)."""
         c, tp = policy.cfg, policy.tp
         if self.lookahead is not None:
@@ -396,24 +395,21 @@ class GroupSignals:
 
 
 class SignalPolicy(SparsePolicy):
-    """dustin / draft-only / target-only: retrieval-head signals and `select_indices`, one set per
-    layer group (`GroupSignals`; one group unless the config has layer groups). The draft drafts
-    over the set of the config's `draft_group`."""
+    """dustin / draft-only / target-only: retrieval-head signals and `select_indices` (`SetSignals`),
+    one set per sequence, chosen again at the refresh layers inside the pass."""
 
     history_stream = True  # score history and lookahead on a side stream (False: in line; tests and probes compare)
 
     def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
         super().__init__(cfg, target, draft, **kw)
         self.name = name
-        self.layer_group = cfg.group_of(target.cfg.num_layers)  # [Lt] group of each target layer
-        self.layer_sets = len(cfg.layer_groups) > 1 or bool(cfg.refresh_layers)
+        self.layer_sets = bool(cfg.refresh_layers)
 
     def allocate(self, batch, max_len, device):
         self.labels = self.label_keys(batch, max_len, device)
-        self.groups = [GroupSignals(g, self, batch, max_len, device) for g in self.cfg.layer_groups]
-        self.lookaheads = [g.lookahead for g in self.groups if g.lookahead is not None]
-        one = self.groups[self.cfg.draft_group]
-        self.indices, self.draft_score, self.history, self.m = one.indices, one.draft_score, one.history, one.m
+        self.sig = sig = SetSignals(self, batch, max_len, device)
+        self.lookaheads = [sig.lookahead] if sig.lookahead is not None else []
+        self.indices, self.draft_score, self.history, self.m = sig.indices, sig.draft_score, sig.history, sig.m
         t = self.target.cfg
         self.refresh = {}  # refresh layer -> the scorer of its KV heads (every one, or the profile's; this rank's)
         for layer, heads in self.cfg.refresh_heads(t).items():
@@ -428,15 +424,15 @@ class SignalPolicy(SparsePolicy):
         # With a side stream (CUDA, one process) a pass's history (the next step's signal) is deferred: the
         # pass stashes its retrieval heads' queries (qbuf) and context lengths, and the next step's
         # drafting scores them on the side stream (`before_draft`), beside the draft's small kernels.
-        scored = [g for g in self.groups if g.target_signal is not None]
+        scored = sig.target_signal is not None
         self.side = self._side_stream(device) if scored or self.lookaheads else None
         self.forked = self.holding = False
-        self.deferred = scored if self.side is not None else []
-        for g in self.deferred:
+        self.deferred = scored and self.side is not None
+        if self.deferred:
             width = t.head_dim if self.labels is None else self.labels.r
-            g.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, width,
-                                         dtype=self.target.dtype, device=device)
-                      for layer, lh in g.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
+            sig.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, width,
+                                           dtype=self.target.dtype, device=device)
+                        for layer, lh in sig.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
         self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
 
     def key(self):
@@ -450,12 +446,12 @@ class SignalPolicy(SparsePolicy):
         return torch.cuda.Stream(device) if ok else None
 
     def label_keys(self, batch, max_len, device) -> LabelKeys | None:
-        """The label cache of every layer a target scorer reads (retrieval heads' layers of the groups
-        that use the target signal, and the refresh layers), when the config has score channels."""
+        """The label cache of every layer a target scorer reads (retrieval heads' layers when the
+        target signal is used, and the refresh layers), when the config has score channels."""
         c, t = self.cfg, self.target.cfg
         if not c.score_channels:
             return None
-        layers = {h[0] for g in c.layer_groups if g.target_heads and g.m < c.free for h in g.target_heads}
+        layers = {h[0] for h in c.target_heads} if c.target_heads and c.m < c.free else set()
         layers |= set(c.refresh_layers)
         ch = torch.tensor(c.score_channels, dtype=torch.long)  # [Lt, G, r]
         if self.tp is not None:  # this rank's KV heads
@@ -471,40 +467,39 @@ class SignalPolicy(SparsePolicy):
         for look in self.lookaheads:  # a cached policy starts as a fresh one would
             for q in look.q.values():
                 q.zero_()
-        for g in self.groups:
-            g.lookahead_ready = False
+        self.sig.lookahead_ready = False
 
     def observe_prefill_tail(self, layer, q, cache, ctx):
         b0, b1 = ctx.rows
         if self.labels is not None and layer in self.labels:  # every prompt row is in the cache now
             self.labels.fill(layer, cache.k[layer], (b0, b1))
-        for g in self.groups:
-            if g.target_signal is not None:  # scored now (the first set may be chosen before drafting) and,
-                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
-                if g in self.deferred:  # deferred, scored again by the first drafting (the same result)
-                    self._stash(g, layer, q, ctx.start, (b0, b1))
+        g = self.sig
+        if g.target_signal is not None:  # scored now (the first set may be chosen before drafting) and,
+            g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
+            if self.deferred:  # deferred, scored again by the first drafting (the same result)
+                self._stash(layer, q, ctx.start, (b0, b1))
 
     def observe_draft(self, layer, q, slot):
         """Stash the lookahead's queries; in the step's last draft forward (every query in), score each
         retrieval layer on the side stream as soon as its queries are, beside the rest of the forward."""
-        for g in self.groups:
-            look = g.lookahead
-            if look is None or layer not in look.layers:
-                continue
-            look.stash(layer, q, slot)
-            if self.side is not None and slot == self.gamma - 1 and q.shape[0] == g.draft_rows.shape[0]:
-                g.lookahead_ready = look.score_layer(layer, self.dcache.k[layer], self.tcache.lengths,
-                                                     g.draft_rows, self.side)
-                self.forked = True
+        g = self.sig
+        look = g.lookahead
+        if look is None or layer not in look.layers:
+            return
+        look.stash(layer, q, slot)
+        if self.side is not None and slot == self.gamma - 1 and q.shape[0] == g.draft_rows.shape[0]:
+            g.lookahead_ready = look.score_layer(layer, self.dcache.k[layer], self.tcache.lengths,
+                                                 g.draft_rows, self.side)
+            self.forked = True
 
     def observe_verify(self, layer, q, cache, ctx):
         if self.labels is not None and layer in self.labels:  # this pass's rows, before they are scored
             self.labels.write(layer, cache.k[layer], ctx.positions)
-        for g in self.groups:  # this pass's sets are chosen: the buffers become next step's history
-            if g in self.deferred:  # scored while the next step drafts (`before_draft`)
-                self._stash(g, layer, q, ctx.start)
-            elif g.target_signal is not None:
-                g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
+        g = self.sig  # this pass's set is chosen: the buffers become next step's history
+        if self.deferred:  # scored while the next step drafts (`before_draft`)
+            self._stash(layer, q, ctx.start)
+        elif g.target_signal is not None:
+            g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history)
         scorer = self.refresh.get(layer)
         if scorer is not None:  # the set again, from this layer's current queries: this and later layers attend it
             c = self.cfg
@@ -515,10 +510,10 @@ class SignalPolicy(SparsePolicy):
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
                                     window=c.window, m=c.free)
 
-    def _stash(self, g: GroupSignals, layer: int, q: torch.Tensor, start: torch.Tensor,
-               rows: tuple[int, int] | None = None) -> None:
-        """A pass's retrieval queries at `layer` (rows [b0, b1) of the batch, where given) into g's
+    def _stash(self, layer: int, q: torch.Tensor, start: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+        """A pass's retrieval queries at `layer` (rows [b0, b1) of the batch, where given) into the
         buffers, and its context lengths once per pass, for the next `before_draft`."""
+        g = self.sig
         if layer not in g.qbuf:
             return
         g.target_signal.stash(layer, q, g.qbuf[layer], rows)
@@ -530,8 +525,8 @@ class SignalPolicy(SparsePolicy):
         if self.deferred:  # the last pass's history, on the side stream while this step drafts
             self.side.wait_stream(torch.cuda.current_stream(self.side.device))
             with torch.cuda.stream(self.side):
-                for g in self.deferred:
-                    g.target_signal.score_stashed(g.qbuf, self.tcache.k, self.hist_lens, g.history)
+                g = self.sig
+                g.target_signal.score_stashed(g.qbuf, self.tcache.k, self.hist_lens, g.history)
             self.forked = self.holding = True  # joined once the step's drafts are in (`drafted`)
 
     def drafted(self, tokens):
@@ -545,11 +540,7 @@ class SignalPolicy(SparsePolicy):
             self.forked = False
 
     def select(self, lens):
-        for g in self.groups:
-            g.select(self, lens)
-
-    def layer_indices(self, layer, q, cache, ctx):
-        return self.groups[self.layer_group[layer]].indices
+        self.sig.select(self, lens)
 
     def summary(self):
         out = {**super().summary(), "m": self.m}
@@ -559,9 +550,6 @@ class SignalPolicy(SparsePolicy):
                 out["refresh_kv_heads"] = [list(h) for h in self.cfg.refresh_kv_heads]
         if self.cfg.score_channels:
             out["score_channels"] = self.cfg.channels_r
-        if len(self.groups) > 1:
-            out["groups"] = [{"start": g.start, "m": s.m} for g, s in zip(self.cfg.layer_groups, self.groups,
-                                                                          strict=True)]
         return out
 
 
@@ -641,12 +629,12 @@ def make_policy(
         raise DustinError(f"policy {name} needs a budget (--budget)")
     kw = dict(measure_arr=measure_arr, paired=paired, ops=ops)
     if name == "dustin":
-        if any((g.m > 0 and not g.draft_heads) or (g.m < cfg.free and not g.target_heads) for g in cfg.layer_groups):
+        if (cfg.m > 0 and not cfg.draft_heads) or (cfg.m < cfg.free and not cfg.target_heads):
             raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")
         return SignalPolicy(name, cfg, target, draft, **kw)
     if name in ("draft-only", "target-only"):
         draft_only = name == "draft-only"
-        cfg = replace(cfg, groups=(), draft_group=0, m=cfg.free if draft_only else 0,
+        cfg = replace(cfg, m=cfg.free if draft_only else 0,
                       draft_heads=every_head(draft.cfg) if draft_only else (),
                       target_heads=() if draft_only else every_head(target.cfg))
         return SignalPolicy(name, cfg, target, draft, **kw)

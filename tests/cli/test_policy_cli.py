@@ -6,14 +6,13 @@ import json
 
 import pytest
 
-from dustin_profile.artifact import GroupChoice, HeadChoice, Profile, model_info
+from dustin_profile.artifact import HeadChoice, Profile, model_info
 from dustin_runtime.loader import load_model
 from dustin_runtime.tokenizer import load_tokenizer, vocab_hash
 
 
-def write_profile(path, target_dir, draft_dir, *, sinks=4, window=16, budget=64, m=20, groups=False):
-    """A hand-written profile for (target, draft): first layer's KV head 0 of each model; `groups`:
-    two layer groups, the first with those heads and m, the second with the target's head only."""
+def write_profile(path, target_dir, draft_dir, *, sinks=4, window=16, budget=64, m=20):
+    """A hand-written profile for (target, draft): first layer's KV head 0 of each model."""
     infos = []
     for folder in (target_dir, draft_dir):
         model, ckpt = load_model(str(folder))
@@ -29,10 +28,6 @@ def write_profile(path, target_dir, draft_dir, *, sinks=4, window=16, budget=64,
         target_heads=(head(tcfg, tcfg.num_layers - 1),), arr=0.0, arr_baselines={}, calibration={},
         online_cost={},
     )
-    if groups:
-        g0 = GroupChoice(0, 1, m, {}, prof.draft_heads, prof.target_heads, 0.0)
-        g1 = GroupChoice(1, tcfg.num_layers, 0, {}, (), (head(tcfg, 0),), 0.0)
-        prof = Profile(**{**prof.__dict__, "groups": (g0, g1), "draft_group": 1})
     return prof.save(path)
 
 
@@ -46,8 +41,7 @@ def setup(tmp_path_factory, small_models):
     prompts.write_text('{"prompt": "It was the best of times, it was the worst of times, it was the age of wisdom"}\n'
                        '{"prompt": "Call me Ishmael. Some years ago", "max_new_tokens": 6}\n')
     return {"t": t, "d": d, "prompts": prompts, "profile": write_profile(root / "p.json", t, d),
-            "foreign": write_profile(root / "foreign.json", other, d),
-            "groups": write_profile(root / "g.json", t, d, groups=True)}
+            "foreign": write_profile(root / "foreign.json", other, d)}
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +83,4 @@ def test_sparse_policy_records_arr_and_full_budget_matches_full(setup, full, run
     assert "mean_accepted" in s and "mean_tokens_per_step" in s
     big = json.loads(run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "4096",
                                      "--json"), ok=True).stdout.strip().splitlines()[-1])
-    assert big["tokens"] == full["tokens"]
-
-
-def test_layer_groups_profile_decodes_with_per_layer_arr(setup, full, run_cli):
-    """A profile with layer groups drives dustin (one set per group, --measure-arr per layer, sparse
-    drafting over the draft group's set); a budget covering the context gives full's tokens."""
-    def last(*extra):
-        return json.loads(run_cli(*common(setup, *extra, "--json"), ok=True).stdout.strip().splitlines()[-1])
-
-    small = last("--policy", "dustin", "--profile", str(setup["groups"]), "--budget", "24", "--measure-arr",
-                 "--draft-kv", "verify-set")["stats"]["extra"]
-    assert small["groups"] == [{"start": 0, "m": 2}, {"start": 1, "m": 0}] and small["m"] == 0
-    assert 0 < small["arr"] <= 1 and small["draft_kv"] == "verify-set"
-    big = last("--policy", "dustin", "--profile", str(setup["groups"]), "--budget", "4096")
     assert big["tokens"] == full["tokens"]

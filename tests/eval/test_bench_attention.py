@@ -38,16 +38,15 @@ def test_needs_a_gpu():
         ba.run_attention_bench(ba.BenchConfig(shape="qwen2.5-72b", context=1024, batch=1, budget=64), "test")
 
 
-def test_group_estimate_on_cpu_matches_the_references():
-    """The bench's estimate of one layer group (srh_scores calls of its heads, accumulated, then
+def test_set_estimate_on_cpu_matches_the_references():
+    """The bench's estimate of the set (srh_scores calls of its heads, accumulated, then
     select_indices) runs the launchers (the Triton interpreter off GPU) and equals the references;
-    the cost model adds groups' heads and selects as its docstring says."""
+    the cost model adds heads and selects as its docstring says."""
     from dustin_kernels import select_indices_ref, srh_scores_ref
 
     g = torch.Generator().manual_seed(0)
     B, G, r, M, D, N, S = 2, 4, 2, 3, 16, 203, 40
-    calls = ba.group_calls(3, 2)
-    assert calls == [2, 1] and ba.group_calls(4, 2) == [2, 2]
+    calls = [2, 1]
     q = [torch.randn(B, h, r * M, D, generator=g) for h in calls]
     heads = [torch.tensor([3, 0][:h], dtype=torch.int32) for h in calls]
     keys = [torch.randn(B, G, N, D, generator=g) for _ in calls]
@@ -56,14 +55,12 @@ def test_group_estimate_on_cpu_matches_the_references():
     scores = torch.full((B, N), 7.0)
     out = torch.full((B, S), -7, dtype=torch.int32)
     kw = dict(budget=S, sinks=2, window=8, m=12)
-    ba.estimate_group(q, heads, keys, lens, scores, sec, out, **kw)
+    ba.estimate_set(q, heads, keys, lens, scores, sec, out, **kw)
     want = sum(srh_scores_ref(qi, hi, ki, lens) for qi, hi, ki in zip(q, heads, keys, strict=True))
     torch.testing.assert_close(scores, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(out, select_indices_ref(want, sec, lens, **kw))
     assert ba.estimate_cost_ms(1, 4, 2, srh_ms=0.1, select_ms=0.04) == pytest.approx(0.24)
     assert ba.estimate_cost_ms(3, 3, 2, srh_ms=0.1, select_ms=0.04) == pytest.approx(3 * (0.15 + 0.04))
-    cfg = ba.BenchConfig(shape="qwen2.5-72b", context=32768, batch=16, budget=512, groups=3, group_kv_heads=2)
-    assert ba.result_path(Path("r"), cfg).name == "attention-qwen2.5-72b-32768-16-512-g3x2.json"
 
 
 def test_refresh_step_on_cpu_matches_the_references():

@@ -94,9 +94,9 @@ def test_pg19_ratio_by_window_offset(tmp_path, char_tokenizer, tiny_pair):
 
 
 def test_pg19_batch_keeps_lists_that_are_not_per_sequence(tmp_path, char_tokenizer, tiny_pair):
-    """A batch of 2 windows through a policy with 2 layer groups: each record gets its own window's
-    ARR, and the policy's 2-entry group list stays whole (it is not one value per sequence)."""
-    from dustin_runtime.sparse.config import LayerGroup, SparseConfig, every_head
+    """A batch of 2 windows through a policy with 2 refresh layers: each record gets its own window's
+    ARR, and the policy's 2-entry refresh-layer list stays whole (it is not one value per sequence)."""
+    from dustin_runtime.sparse.config import SparseConfig, every_head
     from dustin_runtime.sparse.policies import make_policy
 
     target, draft = tiny_pair
@@ -105,15 +105,14 @@ def test_pg19_batch_keeps_lists_that_are_not_per_sequence(tmp_path, char_tokeniz
     for i in range(2):
         (books / f"b{i}.txt").write_text(("So it goes, and so on, and so forth. " * 40)[i:])
     heads = every_head(target.cfg)
-    cfg = SparseConfig(budget=24, sinks=2, window=6, groups=tuple(
-        LayerGroup(layer, 0, (), tuple(h for h in heads if h[0] == layer)) for layer in range(2)))
+    cfg = SparseConfig(budget=24, sinks=2, window=6, target_heads=tuple(h for h in heads if h[0] == 0),
+                       refresh_layers=(0, 1))
     seen = []
     run_pg19(target, draft, char_tokenizer, books_dir=books, context=160, eval_tokens=31, gamma=4,
              runs=[PolicyRun("full", None), PolicyRun("dustin", 24)], windows=2, out_dir=tmp_path / "out",
              models={}, batch=2, on_record=seen.append,
              make_hooks=lambda r: r.budget and make_policy("dustin", cfg, target=target, draft=draft, measure_arr=True))
     seen = [r for r in seen if r["policy"] == "dustin"]
-    assert len(seen) == 2 and all(r["policy_stats"]["groups"] == [{"start": 0, "m": 0}, {"start": 1, "m": 0}]
-                                  for r in seen)
+    assert len(seen) == 2 and all(r["policy_stats"]["refresh_layers"] == [0, 1] for r in seen)
     assert [r["arr"] for r in seen] == [r["policy_stats"]["arr_per_sequence"] for r in seen]
     assert seen[0]["arr"] != seen[1]["arr"]

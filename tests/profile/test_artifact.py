@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dustin_profile.artifact import GroupChoice, HeadChoice, load_profile
+from dustin_profile.artifact import load_profile
 from dustin_runtime.errors import DustinError
 
 from .profile_cases import profile
@@ -59,51 +59,31 @@ def test_round_trip_and_atomic_save(tmp_path):
     assert load_profile(path) == p and [f.name for f in path.parent.iterdir()] == ["p.json"]
 
 
-def grouped(**kw):
-    g0 = GroupChoice(0, 1, 100, {256: 40}, (HeadChoice(0, 1, (2, 3)),), (HeadChoice(1, 0, (0, 1)),), 0.8)
-    g1 = GroupChoice(1, 2, 0, {}, (), (HeadChoice(0, 1, (2, 3)), HeadChoice(1, 1, (2,))), 0.9)
-    return profile(groups=(g0, g1), draft_group=1, **kw)
-
-
-def test_layer_groups_to_sparse_config_and_round_trip(tmp_path):
-    p = grouped()
-    assert p.arr_layers == pytest.approx(0.85) and profile().arr_layers == 0.9
-    cfg = p.to_sparse_config()
-    assert (cfg.m, cfg.draft_heads, cfg.target_heads, cfg.draft_group) == (0, (), (), 1)
-    g0, g1 = cfg.layer_groups
-    assert (g0.start, g0.m, g0.draft_heads, g0.target_heads) == (0, 100, ((0, 1, (2, 3)),), ((1, 0, (0, 1)),))
-    assert (g1.start, g1.m, g1.target_heads) == (1, 0, ((0, 1, (2, 3)), (1, 1, (2,))))
-    assert cfg.group_of(2) == [0, 1]
-    assert [g.m for g in p.to_sparse_config(256).layer_groups] == [40, 0]  # calibrated at that budget
-    assert [g.m for g in p.to_sparse_config(1024).layer_groups] == [cfg.with_budget(1024).layer_groups[0].m, 0]
-    path = p.save(tmp_path / "g.json")
-    assert load_profile(path) == p
-
-
 def test_schema_1_loads_unchanged(tmp_path):
     d = profile().to_dict()
-    for k in ("groups", "draft_group", "heldout"):
-        d.pop(k)
+    d.pop("heldout")
     (tmp_path / "v1.json").write_text(json.dumps({**d, "schema_version": 1}))
     p = load_profile(tmp_path / "v1.json")
-    assert p.schema_version == 1 and p.groups == () and p.to_sparse_config() == profile().to_sparse_config()
+    assert p.schema_version == 1 and p.to_sparse_config() == profile().to_sparse_config()
 
 
-@pytest.mark.parametrize("change,needle", [
-    (lambda d: d["groups"][1].update(start=0), "must be two or more contiguous ranges"),
-    (lambda d: d["groups"][1].update(stop=3), "must be two or more contiguous ranges"),
-    (lambda d: d["groups"].pop(), "must be two or more contiguous ranges"),
-    (lambda d: d["groups"][0].update(m=500), "group 0: m = 500 is outside"),
-    (lambda d: d["groups"][1]["target_heads"].append({"layer": 2, "kv_head": 0, "query_heads": [0]}),
-     "outside the model's 2 layers"),
-    (lambda d: d.update(draft_group=2), "draft_group 2 is not one of"),
-    (lambda d: d["groups"][0].pop("arr"), "group 0: missing field(s) arr"),
-    (lambda d: d.update(schema_version=4), "reads 1, 2, 3, 5, 6, 7"),
+@pytest.mark.parametrize("field,unused,used,feature", [
+    ("groups", [], [{"start": 0, "stop": 1}, {"start": 1, "stop": 2}], "layer groups"),
+    ("draft_group", 0, 1, "layer groups"),
 ])
-def test_bad_layer_groups_refused(tmp_path, change, needle):
-    d = json.loads(grouped().to_json())
-    change(d)
-    (tmp_path / "p.json").write_text(json.dumps(d))
+def test_fields_of_dropped_features_ignored_when_unused_refused_when_used(tmp_path, field, unused, used, feature):
+    """A schema-7 profile loads with a dropped feature's field at its unused value (the field is
+    not kept) and is refused, in one line naming the feature, where it uses it."""
+    d = {**profile().to_dict(), "schema_version": 7, field: unused}
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    assert load_profile(tmp_path / "old.json").to_sparse_config() == profile().to_sparse_config()
+    (tmp_path / "used.json").write_text(json.dumps({**d, field: used}))
     with pytest.raises(DustinError) as e:
+        load_profile(tmp_path / "used.json")
+    assert f"uses {feature}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_schema_refused(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({**profile().to_dict(), "schema_version": 4}))
+    with pytest.raises(DustinError, match="reads 1, 2, 3, 5, 6, 7, 8"):
         load_profile(tmp_path / "p.json")
-    assert needle in str(e.value) and "\n" not in str(e.value)

@@ -75,7 +75,7 @@ def test_profile_round_trip_and_runtime_config(tmp_path):
     p = profile(score_channels=table(), channel_search={"r": 3})
     p.save(tmp_path / "p.json")
     q = load_profile(tmp_path / "p.json")
-    assert q == p and q.schema_version == 7
+    assert q == p and q.schema_version == 8
     cfg = q.to_sparse_config()
     assert cfg.score_channels == table() and cfg.channels_r == 3
     assert profile().to_sparse_config().score_channels == ()

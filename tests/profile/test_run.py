@@ -65,30 +65,22 @@ def test_resume_and_determinism(first, models, calib_text, tmp_path):
     assert other_seed.profile.calibration["sha256"] != res.profile.calibration["sha256"]
 
 
-def test_layer_groups_and_heldout_windows(first, tmp_path):
-    """--max-groups and --heldout-windows: the calibration windows (resumed) and the single set are
-    those of the run without them; the held-out window is recorded and scored, dynamic m with it."""
+def test_heldout_windows(first, tmp_path):
+    """--heldout-windows: the calibration windows (resumed) and the set are those of the run without
+    them; the held-out window is recorded and scored, dynamic m with it."""
     import shutil
 
     cfg, res = first
     shutil.copytree(Path(res.path).with_suffix(".work"), tmp_path / "g.work", ignore=shutil.ignore_patterns(".lock"))
-    g = run_profile(replace(cfg, out=str(tmp_path / "g.json"), max_groups=2, heldout=1), console=quiet())
+    g = run_profile(replace(cfg, out=str(tmp_path / "g.json"), heldout=1), console=quiet())
     assert g.recorded == 1  # the held-out window only
     p, q = g.profile, res.profile
     assert (p.draft_heads, p.target_heads, p.m, p.arr) == (q.draft_heads, q.target_heads, q.m, q.arr)
     assert p.calibration["sha256"] == q.calibration["sha256"] and len(p.heldout["windows"]) == 1
-    trials = p.calibration["search"]["groups"]["trials"]
-    assert [t["groups"] for t in trials] == [1, 2] and trials[0]["arr"] == pytest.approx(p.arr)
-    assert [(x.start, x.stop) for x in p.groups] == [(0, 1), (1, 2)]  # 2 target layers: one group each
-    assert p.arr_layers == pytest.approx(trials[1]["arr"]) and p.arr_layers > p.arr
-    cfg_rt = p.to_sparse_config()
-    assert [x.start for x in cfg_rt.layer_groups] == [0, 1] and cfg_rt.draft_group == p.draft_group
-    assert p.online_cost["groups"] == 2
     held = p.heldout
-    assert held["passes"] == 2 and {"dustin", "dustin (groups)", "oracle", "layer-oracle"} <= set(held["arr"])
+    assert held["passes"] == 2 and {"dustin", "oracle", "layer-oracle"} <= set(held["arr"])
     for r in held["dynamic_m"]["rules"]:
         assert r["heldout_select_indices"] == pytest.approx(r["heldout"], abs=1e-6)
-    assert (tmp_path / p.tables["groups"]).stat().st_size > 0 and (tmp_path / p.tables["plot_groups"]).is_file()
     assert load_profile(g.path) == p
 
 

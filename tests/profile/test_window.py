@@ -63,7 +63,7 @@ def test_check_grid():
 def test_profile_records_the_window_search(made, tmp_path):
     cfg, res = made
     p, s = res.profile, res.profile.window_search
-    assert p.schema_version == SCHEMA_VERSION == 7 and len(p.refresh_layers) == 1
+    assert p.schema_version == SCHEMA_VERSION == 8 and len(p.refresh_layers) == 1
     assert s["grid"] == list(GRID) and s["search_window"] == 12 and p.window == s["chosen"]
     assert set(s["ppl_ratio"]) == {"4", "12", "30"} == set(s["m"]) == set(s["arr"])
     assert s["chosen"] == min(GRID, key=lambda w: (s["ppl_ratio"][str(w)], w))
@@ -126,5 +126,4 @@ def test_bad_window_grid_refused(models, calib_text, tmp_path, run_cli, assert_o
     assert_one_line_error(run_cli(*args, "--window-grid", "8,39"), "--window-grid", "[0, budget - sinks = 38]",
                           code=2)
     assert_one_line_error(run_cli(*args, "--window-grid", "-1"), "--window-grid: -1 is below 0", code=2)
-    assert_one_line_error(run_cli(*args, "--window-grid", "8,16", "--max-groups", "2"), "--max-groups", code=2)
     assert not (tmp_path / "p.json").exists()

@@ -63,23 +63,6 @@ def test_tp_greedy_speculative_equals_one_process(tp_run, models, policy, world)
             assert len(ref["sets"]) > 3 and out["arr"] == pytest.approx(ref["arr"], abs=1e-6)
 
 
-@pytest.mark.parametrize("draft_kv", ["full", "verify-set"])
-def test_tp_layer_groups_equal_one_process(tp_run, models, draft_kv):
-    """Two layer groups, each with its own heads and m (the second with a draft head): every layer's
-    set, the tokens and the per-layer ARR equal one process's on both ranks."""
-    groups = [dict(start=0, m=0, target_heads=[[0, 0, [0]], [0, 3, [6, 7]]]),
-              dict(start=1, m=6, target_heads=[[1, 1, [2, 3]], [1, 2, [5]]], draft_heads=[[0, 1, [1]]])]
-    kw = dict(target=models["llama3"], draft=models["draft"], prompts=PROMPTS, policy="dustin", max_new=12,
-              budget=24, groups=groups, draft_kv=draft_kv, trace=True, measure_arr=True)
-    ref = tp_run.one("spec", **kw)
-    layers = {layer for layer, _, _ in ref["sets"]}
-    assert layers == {0, 1} and any(a != b for (_, _, a), (_, _, b) in zip(ref["sets"][::2], ref["sets"][1::2], strict=True))
-    for out in tp_run.case("spec", 2, **kw):
-        assert out["tokens"] == ref["tokens"] and out["accepted"] == ref["accepted"]
-        assert out["sets"] == ref["sets"]
-        assert out["arr"] == pytest.approx(ref["arr"], abs=1e-6)
-
-
 def test_tp_refresh_layer_equals_one_process(tp_run, models):
     """A refresh layer scores every KV head of that layer on the rank that owns it; the sum over
     ranks gives one process's per-layer sets, tokens and ARR on every rank."""

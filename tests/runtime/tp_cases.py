@@ -10,7 +10,7 @@ from dustin_runtime.attention import TorchAttention
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
 from dustin_runtime.sampling import SamplingConfig
-from dustin_runtime.sparse.config import LayerGroup, SparseConfig
+from dustin_runtime.sparse.config import SparseConfig
 from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
 
@@ -41,19 +41,14 @@ def logits(tp, target: str, prompts: list[list[int]]) -> dict:
 def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "full", budget: int | None = None,
          target_heads=None, draft_heads=None, m: int = 0, temperature: float = 0.0, top_p: float = 1.0,
          gamma: int = 3, max_new: int = 10, measure_arr: bool = False, trace: bool = False, seed: int = 0,
-         eos: tuple = (), draft_kv: str = "full", groups=None, refresh_layers=(), score_channels: int = 0,
+         eos: tuple = (), draft_kv: str = "full", refresh_layers=(), score_channels: int = 0,
          refresh_kv_heads=()) -> dict:
     """Speculative decoding through one policy: tokens, accepted counts, the sets chosen, ARR.
-    `groups`: layer groups as dicts (start, m, target_heads, draft_heads) instead of one set;
     `score_channels` r: the scorers read r key channels per layer and KV head (a seeded table)."""
     t, _ = load_model(target, tp=tp)
     d, _ = load_model(draft)
     cfg = None
-    if groups:
-        cfg = SparseConfig(budget=budget, sinks=2, window=4, draft_kv=draft_kv, groups=tuple(
-            LayerGroup(g["start"], g.get("m", 0), _heads(g.get("draft_heads")), _heads(g.get("target_heads")))
-            for g in groups))
-    elif budget is not None:
+    if budget is not None:
         cfg = SparseConfig(budget=budget, sinks=2, window=4, m=m, target_heads=_heads(target_heads),
                            draft_heads=_heads(draft_heads), draft_kv=draft_kv, refresh_layers=tuple(refresh_layers),
                            refresh_kv_heads=tuple(tuple(h) for h in refresh_kv_heads))

@@ -246,82 +246,6 @@ def test_dustin_set_is_the_hybrid_of_both_signals(pair):
     assert not all(same for _, same in checked)  # the draft's share matters
 
 
-def grouped_config(target, draft, budget=24, same=False, draft_group=1, draft_kv="full"):
-    """Two layer groups of the tiny target's 2 layers: group 0 with every head and m = 8, group 1
-    with the target's layer-1 heads only (m = 0); `same`: both groups the one set of `config`."""
-    from dustin_runtime.sparse.config import LayerGroup
-
-    one = config(target, draft, budget)
-    g0 = LayerGroup(0, one.m, one.draft_heads, one.target_heads)
-    g1 = LayerGroup(1, one.m, one.draft_heads, one.target_heads) if same else LayerGroup(
-        1, 0, (), tuple(h for h in one.target_heads if h[0] == 1))
-    return SparseConfig(budget=budget, sinks=2, window=6, groups=(g0, g1), draft_group=draft_group, draft_kv=draft_kv)
-
-
-def test_layer_groups_each_layer_attends_its_groups_set(pair):
-    """With layer groups each group's set is select_indices of its own signals and m, each layer
-    attends its group's set (per-layer trace), the draft drafts over the draft group's set, and the
-    groups' sets differ (the split matters)."""
-    from dustin_kernels import select_indices_ref
-
-    target, draft = pair
-    cfg = grouped_config(target, draft, draft_kv="verify-set")
-    hooks = make_policy("dustin", cfg, target=target, draft=draft)
-    hooks.trace = []
-    steps = []
-    inner = hooks.before_verify
-
-    def before_verify():
-        inner()
-        lens = hooks.tcache.lengths
-        for g in hooks.groups:
-            want = select_indices_ref(g.draft_score, g.history if g.use_target else None, lens, budget=24, sinks=2,
-                                      window=6, m=g.m)
-            assert torch.equal(g.indices, want)
-        assert torch.equal(hooks.draft_set.idx[:, :24], hooks.groups[1].indices)
-        steps.append([g.indices.clone() for g in hooks.groups])
-
-    hooks.before_verify = before_verify
-    out = speculative_generate(target, draft, PROMPTS, MAX_NEW, gamma=3, hooks=hooks)
-    assert [(g.use_draft, g.use_target, g.m) for g in hooks.groups] == [(True, True, 8), (False, True, 0)]
-    assert len(hooks.trace) == 2 * out.stats.steps == 2 * len(steps)
-    for i, (layer, _, idx) in enumerate(hooks.trace):
-        assert layer == i % 2 and torch.equal(idx, steps[i // 2][layer])
-    assert any(not torch.equal(a, b) for a, b in steps)
-    assert out.stats.extra["groups"] == [{"start": 0, "m": 8}, {"start": 1, "m": 0}]
-
-
-def test_identical_layer_groups_equal_one_set(pair):
-    """Two groups that are both the single set: the same tokens, and the per-layer ARR meter gives
-    the shared set's ARR (linearity of ARR over layers)."""
-    target, draft = pair
-    one, _ = run(pair, "dustin", config(target, draft, budget=24), measure_arr=True)
-    two, hooks = run(pair, "dustin", grouped_config(target, draft, same=True, draft_group=0), measure_arr=True)
-    assert hooks.layer_sets and hooks.true.layer_ctx is not None
-    assert two.tokens == one.tokens
-    assert two.stats.extra["arr"] == pytest.approx(one.stats.extra["arr"], abs=1e-5)
-    assert 0.3 < one.stats.extra["arr"] < 0.999  # the budget binds
-
-
-def test_layer_group_configs_refused(pair):
-    from dustin_runtime.sparse.config import LayerGroup
-
-    target, draft = pair
-    g = LayerGroup(0, 0, (), ((0, 0, (0,)),))
-    with pytest.raises(DustinError, match="starts ascending from 0"):
-        SparseConfig(budget=24, sinks=2, window=6, groups=(g, LayerGroup(0, 0, (), g.target_heads)))
-    with pytest.raises(DustinError, match="belong to the groups"):
-        SparseConfig(budget=24, sinks=2, window=6, m=3, groups=(g, LayerGroup(1, 0, (), g.target_heads)))
-    with pytest.raises(DustinError, match="draft group 2"):
-        SparseConfig(budget=24, sinks=2, window=6, draft_group=2, groups=(g, LayerGroup(1, 0, (), g.target_heads)))
-    past = SparseConfig(budget=24, sinks=2, window=6, groups=(g, LayerGroup(2, 0, (), g.target_heads)))
-    with pytest.raises(DustinError, match="past the target's 2 layers"):
-        make_policy("dustin", past, target=target, draft=draft)
-    headless = SparseConfig(budget=24, sinks=2, window=6, groups=(g, LayerGroup(1, 5, (), g.target_heads)))
-    with pytest.raises(DustinError, match="needs retrieval heads"):
-        make_policy("dustin", headless, target=target, draft=draft)
-
-
 @pytest.mark.parametrize("kv_heads", [None, (1,), (0, 1)])
 def test_refresh_layer_reselects_from_the_current_queries(pair, kv_heads):
     """With a refresh layer, the layers before it attend the set chosen before the pass, and it (and
@@ -382,8 +306,6 @@ def test_refresh_layer_configs_refused(pair):
         replace(cfg, refresh_layers=(1, 0))
     with pytest.raises(DustinError, match="past the target's 2 layers"):
         make_policy("dustin", replace(cfg, refresh_layers=(2,)), target=target, draft=draft)
-    with pytest.raises(DustinError, match="layer groups"):
-        replace(grouped_config(target, draft), refresh_layers=(1,))
     for bad in (((0,), (1,)), ((),), ((1, 0),), ((-1,),)):  # one list per layer, non-empty, ascending, >= 0
         with pytest.raises(DustinError, match="refresh KV heads"):
             replace(cfg, refresh_layers=(1,), refresh_kv_heads=bad)
