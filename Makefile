@@ -143,19 +143,14 @@ draft:
 # 4k tokens of the Gutenberg calibration split, scored on 4 held-out windows (CPU: ~3-10 minutes for the
 # heads; the refresh search's teacher-forced passes over 30 layers take 4 min for 2 rounds on an H200,
 # about 18 min per round on 2 CPU cores: the committed profile was made on the H200, results/profile).
-# Writes profiles/smollm2-draft.json (one set for every layer, up to 2 refresh layers)
-# and profiles/smollm2-draft-c16.json (the first with its scorers over 16 of 64 key
-# channels: results/pg19-16x1024/channels) and profiles/smollm2-draft-c16-h50.json (that, its refresh layers scored
-# by half their KV head-layers: results/pg19-16x1024/refresh-heads) with their parquet tables and PNG plots beside them; an interrupted run
+# Writes profiles/smollm2-draft.json (one set for every layer, up to 2 refresh layers) with its parquet
+# tables and PNG plots beside it; an interrupted run
 # resumes from profiles/<name>.work/ (not committed). results/profile/README.md holds the numbers.
 PROFILE_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib --context 4096 \
 	--windows 4 --heldout-windows 4 --budget 512 --gamma 4 --sinks 4 --window 64
 .PHONY: repro-profile
 repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --out profiles/smollm2-draft.json
-	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --score-channels 16 --out profiles/smollm2-draft-c16.json
-	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --score-channels 16 --refresh-head-share 0.5 \
-		--out profiles/smollm2-draft-c16-h50.json
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --window-grid 16,64,128,256,384 \
 		--out profiles/smollm2-draft-w.json
 

@@ -136,8 +136,6 @@ def bench_attention(
     sdpa: bool = typer.Option(True, help="Also time the PyTorch SDPA backends."),
     refresh: int = typer.Option(0, min=0, max=MAX_COUNT, help="Refresh layers of dustin to time with the "
                                 "estimate (each scores every KV head of its layer, then selects; 0: none)."),
-    score_channels: str = typer.Option("0", help="Key channels the estimate and refresh layers score from label "
-                                                 "caches, comma-separated (0: whole keys)."),
     refresh_kv_heads: int = typer.Option(0, min=0, max=MAX_COUNT, help="KV heads each refresh layer scores (0: every "
                                          "one; fewer: a profile's --refresh-head-share)."),
 ) -> None:
@@ -149,19 +147,17 @@ def bench_attention(
 
     configs = [
         ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa,
-                       refresh_layers=refresh, score_channels=r,
+                       refresh_layers=refresh,
                        refresh_kv_heads=refresh_kv_heads)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget)
-        for r in _ints(score_channels, "--score-channels", minimum=0, maximum=MAX_COUNT)
     ]
     command = "dustin " + " ".join(sys.argv[1:])
     summaries = []
 
     def show(res: dict) -> None:
         cfg, s = res["config"], res["summary"]
-        chs = f" score channels {cfg['score_channels']}" if cfg.get("score_channels") else ""
-        t = Table(title=f"{cfg['shape']} context {cfg['context']} batch {cfg['batch']} budget {cfg['budget']}{chs} "
+        t = Table(title=f"{cfg['shape']} context {cfg['context']} batch {cfg['batch']} budget {cfg['budget']} "
                         f"({res['environment']['gpu']}, copy {s['copy_tbps']:.2f} TB/s)")
         for col in ("kernel", "graph ms/layer", "do_bench ms", "MB", "TB/s", "of copy bw"):
             t.add_column(col, justify="left" if col == "kernel" else "right")
@@ -250,13 +246,10 @@ def bench_e2e(
                                  help="ar (vanilla decoding), full (standard speculative decoding), dustin, "
                                       "streamingllm, quest; -vs: drafting over the verification set "
                                       "(dustin-vs, streamingllm-vs); -r: dustin with --refresh-layers "
-                                      "(dustin-r, dustin-vs-r); -c (last): dustin scoring --score-channels "
-                                      "key channels (dustin-vs-c, dustin-vs-r-c); comma-separated."),
+                                      "(dustin-r, dustin-vs-r); comma-separated."),
     refresh_layers: str = typer.Option("", "--refresh-layers",
                                        help="Target layers (comma-separated) at which the -r policies choose "
                                             "the set again inside the verification pass."),
-    score_channels: int = typer.Option(0, "--score-channels", min=0, max=MAX_COUNT,
-                                       help="Key channels the -c policies' scorers read from label caches."),
     refresh_kv_heads: int = typer.Option(0, "--refresh-kv-heads", min=0, max=MAX_COUNT,
                                          help="KV heads that score each refresh layer of the -r policies (its first "
                                               "K; 0: every KV head)."),
@@ -300,7 +293,7 @@ def bench_e2e(
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
                          m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab,
                          draft_lookup=draft_lookup,
-                         score_channels=score_channels, refresh_kv_heads=refresh_kv_heads)
+                         refresh_kv_heads=refresh_kv_heads)
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
@@ -330,13 +323,8 @@ def bench_e2e(
         console.print(t)
         for name, s in res["summary"].items():
             if "vs_no_refresh" in s:
-                whole = name.removesuffix(be.CHANNELS)
                 console.print(f"{name} (refresh layers {res['sparse']['refresh_layers']}) vs "
-                              f"{whole.removesuffix(be.REFRESH) + name[len(whole):]}: {s['vs_no_refresh']:.3f}x tokens/s",
-                              highlight=False)
-            if "vs_whole_keys" in s:
-                console.print(f"{name} ({res['sparse']['score_channels']} key channels) vs "
-                              f"{name.removesuffix(be.CHANNELS)}: {s['vs_whole_keys']:.3f}x tokens/s", highlight=False)
+                              f"{name.removesuffix(be.REFRESH)}: {s['vs_no_refresh']:.3f}x tokens/s", highlight=False)
         console.print(f"wrote {path}")
 
 
@@ -368,9 +356,6 @@ def profile(
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
                                             "dustin policy greedily by teacher-forced perplexity on the calibration "
                                             "windows (0: none; one set only)."),
-    score_channels: int = typer.Option(0, min=0, max=MAX_COUNT, help="Key channels (of the head dim) each target "
-                                       "scorer of dustin reads, from a packed label cache; chosen per layer and KV "
-                                       "head on the calibration windows (0: whole keys)."),
     refresh_head_share: float = typer.Option(1.0, help="Share of the refresh layers' KV heads that score them, "
                                              "the rest dropped greedily by the same perplexity (fewer keys read per "
                                              "refresh; 1: every KV head). Needs --max-refresh."),
@@ -407,7 +392,7 @@ def profile(
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
                         heldout=heldout_windows, max_refresh=max_refresh,
-                        score_channels=score_channels, refresh_head_share=refresh_head_share,
+                        refresh_head_share=refresh_head_share,
                         window_grid=tuple(_ints(window_grid, "--window-grid", minimum=0)) if window_grid else (),
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)

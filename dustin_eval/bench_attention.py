@@ -10,9 +10,6 @@ Per (model shape, context, batch, budget) it times, in one process on one GPU:
   to the cost model `estimate_cost_ms`; with `refresh_layers`
   > 0, dustin's refresh layers (`refresh_step` each: `srh_scores` of every KV head of one layer,
   normalised, then `select_indices` on that one signal, as the verification pass re-selects).
-  With `score_channels` r > 0 the estimate and the refresh layers score r of the D key channels
-  from label caches [B, G, N, r] (`dustin_runtime.sparse.label_keys`), each scored layer first copying its
-  M new rows' channels into its label cache, as the verification pass does.
 Each kernel is timed per layer inside a CUDA graph of many calls over distinct buffers (no launch
 gaps, no L2 reuse between calls, as a decode step runs) and with plain `triton.testing.do_bench`.
 GPU-only imports stay inside the functions, so CPU code may import this module.
@@ -68,7 +65,6 @@ class BenchConfig:
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
     refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects
     refresh_kv_heads: int = 0  # ... or only this many of them (0: every one; a profile's --refresh-head-share)
-    score_channels: int = 0  # key channels the scorers read from label caches (0: whole keys)
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
 
@@ -128,20 +124,20 @@ def random_index_sets(B: int, N: int, S: int, n: int, dev) -> list[torch.Tensor]
 
 def estimate_set(q: list[torch.Tensor], kv_heads: list[torch.Tensor], keys: list[torch.Tensor],
                    lens: torch.Tensor, scores: torch.Tensor, secondary: torch.Tensor, out: torch.Tensor,
-                   scale: float | None = None, **sel_kw) -> torch.Tensor:
+                   **sel_kw) -> torch.Tensor:
     """The set's estimate + select as the runtime runs it: `srh_scores` of its retrieval
     heads, one call per layer (q[i] [B, h_i, r * M, D] over keys[i] [B, G, N_max, D], KV heads
     kv_heads[i] [h_i]) accumulated into scores [B, N_max], then `select_indices` with the
-    secondary signal [B, N_max] into out [B, S]. Label keys: D = their channels, `scale` the model's."""
+    secondary signal [B, N_max] into out [B, S]."""
     from dustin_kernels import select_indices, srh_scores
 
     for i, (qi, hi, ki) in enumerate(zip(q, kv_heads, keys, strict=True)):
-        srh_scores(qi, hi, ki, lens, out=scores, accumulate=i > 0, scale=scale)
+        srh_scores(qi, hi, ki, lens, out=scores, accumulate=i > 0)
     return select_indices(scores, secondary, lens, out=out, **sel_kw)
 
 
 def refresh_step(q: torch.Tensor, kv_heads: torch.Tensor, keys: torch.Tensor, lens: torch.Tensor,
-                 scores: torch.Tensor, out: torch.Tensor, scale: float | None = None, **sel_kw) -> torch.Tensor:
+                 scores: torch.Tensor, out: torch.Tensor, **sel_kw) -> torch.Tensor:
     """One refresh layer as the verification pass runs it: `srh_scores` of every KV head of the
     layer (q [B, G, r * M, D]: each KV head's query heads stacked, over keys [B, G, N_max, D]) into
     scores [B, N_max], normalised, then `select_indices` on that signal alone into out [B, S]."""
@@ -149,7 +145,7 @@ def refresh_step(q: torch.Tensor, kv_heads: torch.Tensor, keys: torch.Tensor, le
 
     from dustin_runtime.sparse.signals import normalise_
 
-    srh_scores(q, kv_heads, keys, lens, out=scores, scale=scale)
+    srh_scores(q, kv_heads, keys, lens, out=scores)
     return select_indices(normalise_(scores), None, lens, out=out, **sel_kw)
 
 
@@ -268,43 +264,20 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
                                   sparse_verify_attention_ref(qs[0], ks[0], vs[0], idx[0], lens)),
     }
 
-    # the estimator (over label keys of r channels when score_channels: each scored layer first
-    # copies its M new rows' channels into its label cache, as the verification pass does)
+    # the estimator
     hs = cfg.srh_kv_heads_per_layer
-    r = cfg.score_channels
-    if r > D:
-        raise DustinError(f"--score-channels {r} exceeds the head dim {D} of {cfg.shape}")
-    Dk = r or D  # width of the keys the scorers read
-    scale = 1.0 / math.sqrt(D)
-    labels = [None] * n_buf
-    if r:
-        from dustin_runtime.sparse.label_keys import LabelKeys
-
-        ch = torch.stack([torch.randperm(D)[:r] for _ in range(G)]).view(1, G, r)
-        labels = [LabelKeys(ch, [0], B, n_max, D, dt, dev) for _ in range(n_buf)]
-        for lab, k in zip(labels, ks, strict=True):
-            lab.fill(0, k)
-        new_rows = lens.view(B, 1).long() + torch.arange(M, device=dev)  # [B, M]: the pass's rows
-
-    def score_keys(b: int) -> torch.Tensor:
-        """The keys a scorer of buffer b reads: its layer's keys, or its label cache after the write."""
-        if labels[b] is None:
-            return ks[b]
-        labels[b].write(0, ks[b], new_rows)
-        return labels[b].k[0]
     kv_heads = torch.tensor([(j * G) // hs for j in range(hs)], dtype=torch.int32, device=dev)  # spread over G
     # every query head of a retrieval KV head scores (as in the runtime): H / G heads x M queries
     # stacked per KV head, so the kernel reads each KV head's keys once for all of them
-    q_srh = [torch.randn(B, hs, (H // G) * M, Dk, dtype=dt, device=dev) for _ in range(n_buf)]
+    q_srh = [torch.randn(B, hs, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
     score_out = [torch.empty(B, n_max, dtype=torch.float32, device=dev) for _ in range(4)]
-    srh_bytes = B * hs * N * Dk * dt.itemsize + B * n_max * 4  # keys once (the kernel reads them twice) + out
+    srh_bytes = B * hs * N * D * dt.itemsize + B * n_max * 4  # keys once (the kernel reads them twice) + out
     n_srh = calls_per_graph(srh_bytes, l2, lo=12, hi=64)
-    srh_keys = [ks[b] if labels[b] is None else labels[b].k[0] for b in range(n_buf)]
     records.append(record(
-        "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, srh_keys[i % n_buf], lens,
-                                              out=score_out[i % 4], scale=scale)
+        "srh_scores", [lambda i=i: srh_scores(q_srh[i % n_buf], kv_heads, ks[i % n_buf], lens,
+                                              out=score_out[i % 4])
                        for i in range(n_srh)],
-        srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M, key_channels=Dk,
+        srh_bytes, copy_tbps, heads=hs, queries_per_head=(H // G) * M, key_channels=D,
         note="all query heads of each KV head, stacked; bytes = keys once + output (pass 2 re-reads the keys; "
              "with few queries it reads stored fp16 probabilities instead)"))
     prim = [torch.rand(B, n_max, device=dev) for _ in range(8)]
@@ -323,8 +296,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         """srh_scores of `hs` retrieval KV heads on each of `srh_layers` layers, then select; keys from
         distinct buffers."""
         bufs = [(i * cfg.srh_layers + c) % n_buf for c in range(cfg.srh_layers)]
-        estimate_set([q_srh[b] for b in bufs], [kv_heads] * len(bufs), [score_keys(b) for b in bufs], lens,
-                     score_out[i % 4], sec[i % 8], sel_out[i % 8], scale=scale, **sel_kw)
+        estimate_set([q_srh[b] for b in bufs], [kv_heads] * len(bufs), [ks[b] for b in bufs], lens,
+                     score_out[i % 4], sec[i % 8], sel_out[i % 8], **sel_kw)
 
     n_est = max(6, n_srh // 2)
     records.append(record("estimate_step", [lambda i=i: estimate_step(i) for i in range(n_est)],
@@ -335,19 +308,19 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         Gr = cfg.refresh_kv_heads or G  # KV heads each refresh layer scores
         if Gr > G:
             raise DustinError(f"--refresh-kv-heads {Gr} exceeds the {G} KV heads of {cfg.shape}")
-        q_all = [torch.randn(B, Gr, (H // G) * M, Dk, dtype=dt, device=dev) for _ in range(n_buf)]
+        q_all = [torch.randn(B, Gr, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
         all_heads = torch.arange(0, G, G // Gr, dtype=torch.int32, device=dev)[:Gr]  # spread over G
         free_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=S - cfg.sinks - cfg.window)
 
         def refresh(i):
             for j in range(cfg.refresh_layers):  # each refresh layer over its own keys
                 b = (i * cfg.refresh_layers + j) % n_buf
-                refresh_step(q_all[b], all_heads, score_keys(b), lens, score_out[(i + j) % 4], sel_out[(i + j) % 8],
-                             scale=scale, **free_kw)
+                refresh_step(q_all[b], all_heads, ks[b], lens, score_out[(i + j) % 4], sel_out[(i + j) % 8],
+                             **free_kw)
 
         records.append(record(
             "refresh_step", [lambda i=i: refresh(i) for i in range(max(3, n_est // 2))],
-            cfg.refresh_layers * (Gr * B * N * Dk * dt.itemsize + 2 * B * n_max * 4), copy_tbps,
+            cfg.refresh_layers * (Gr * B * N * D * dt.itemsize + 2 * B * n_max * 4), copy_tbps,
             note=f"{cfg.refresh_layers} refresh layers x (srh_scores of {Gr} of {G} KV heads + select_indices)"))
 
     if cfg.sdpa:
@@ -408,8 +381,7 @@ def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
     refresh = f"-r{cfg.refresh_layers}" if cfg.refresh_layers else ""
     if cfg.refresh_layers and cfg.refresh_kv_heads:
         refresh += f"x{cfg.refresh_kv_heads}"
-    channels = f"-c{cfg.score_channels}" if cfg.score_channels else ""
-    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{refresh}{channels}.json"
+    return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{refresh}.json"
 
 
 def run_sweep(configs: list[BenchConfig], out_dir: Path, command: str, on_result=None) -> list[dict]:

@@ -6,10 +6,7 @@ with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive dec
 `streamingllm-vs` draft over the verification set (`--draft-kv verify-set`) instead of the draft's
 whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
 verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
-times dustin with and without refresh side by side; a `-c` suffix (last: `dustin-vs-c`,
-`dustin-vs-r-c`) is the policy whose scorers read `score_channels` key channels from label caches
-(`--score-channels`; random channels: the cost does not depend on which), timed beside the same
-policy on whole keys. With preset shapes
+times dustin with and without refresh side by side. With preset shapes
 (`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
 on values; the position limit is raised to context + new tokens), the caches hold `context` random
 rows, and acceptance is replayed: random weights
@@ -52,21 +49,16 @@ from dustin_runtime.speculative import AcceptReplay, speculative_generate
 AR = "ar"
 SPARSE_DRAFT = "-vs"  # suffix: the policy with sparse drafting (the draft attends the verification set)
 REFRESH = "-r"  # suffix (after -vs): dustin with the config's refresh layers
-CHANNELS = "-c"  # suffix (last): dustin's scorers over `score_channels` key channels (label keys)
 POLICIES = (AR, "full", "dustin", "streamingllm", "quest", "dustin-vs", "streamingllm-vs")
 REFRESH_POLICIES = ("dustin-r", "dustin-vs-r")  # with --refresh-layers only
-CHANNEL_POLICIES = tuple(p + CHANNELS for p in ("dustin", "dustin-vs") + REFRESH_POLICIES)  # with --score-channels
 
 
-def split_policy(name: str) -> tuple[str, bool, bool, bool]:
-    """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes,
-    scores key channels)."""
-    channels = name.endswith(CHANNELS)
-    name = name.removesuffix(CHANNELS)
+def split_policy(name: str) -> tuple[str, bool, bool]:
+    """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes)."""
     refresh = name.endswith(REFRESH)
     name = name.removesuffix(REFRESH)
     sparse_draft = name.endswith(SPARSE_DRAFT)
-    return name.removesuffix(SPARSE_DRAFT), sparse_draft, refresh, channels
+    return name.removesuffix(SPARSE_DRAFT), sparse_draft, refresh
 
 
 def preset_shape(name: str):
@@ -100,7 +92,6 @@ class E2EConfig:
     tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
     refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
     refresh_kv_heads: int = 0  # KV heads scoring each refresh layer (its first K; 0: every KV head)
-    score_channels: int = 0  # key channels of the -c policies' scorers
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
     draft_lookup: str | None = None  # context lookup beside the draft (MAX[:MIN]), every speculative policy
 
@@ -111,19 +102,13 @@ class E2EConfig:
         return None if self.draft_lookup is None else LookupConfig.parse(self.draft_lookup)
 
     def check(self) -> None:
-        known = POLICIES + REFRESH_POLICIES + CHANNEL_POLICIES
+        known = POLICIES + REFRESH_POLICIES
         bad = [p for p in self.policies if p not in known]
         if bad:
             raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(known)}")
         if not self.policies:
             raise DustinError("give at least one policy")
         refreshed = [p for p in self.policies if split_policy(p)[2]]
-        channeled = [p for p in self.policies if split_policy(p)[3]]
-        if channeled and self.score_channels < 1:
-            raise DustinError(f"policy {channeled[0]} scores key channels: give --score-channels")
-        if self.score_channels and not channeled:
-            raise DustinError("--score-channels applies to the -c policies (dustin-c, dustin-vs-c, ...), none of "
-                              "which is among the policies")
         if refreshed and not self.refresh_layers:
             raise DustinError(f"policy {refreshed[0]} chooses the set again at refresh layers: give --refresh-layers")
         if self.refresh_layers and not refreshed:
@@ -137,9 +122,6 @@ class E2EConfig:
             if shape is None and path is None:
                 raise DustinError("--draft-vocab with checkpoints: give PATH:K (a token-counts file, `dustin "
                                   "profile vocab`); K alone is for preset shapes with random weights")
-        if shape is not None and self.score_channels > shape.head_dim:
-            raise DustinError(f"--score-channels {self.score_channels} exceeds the head dim {shape.head_dim} of "
-                              f"{self.target}")
         self.lookup()  # a bad --draft-lookup is refused here, before any GPU work
         if self.refresh_kv_heads and not self.refresh_layers:
             raise DustinError("--refresh-kv-heads applies to refresh layers: give --refresh-layers")
@@ -293,13 +275,6 @@ def sparse_config(cfg: E2EConfig, pair: Pair) -> SparseConfig:
                         target_heads=srh_heads(pair.target.cfg, cfg.srh), source="bench e2e")
 
 
-def random_channels(model_cfg, r: int, seed: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """[Lt][G][r] distinct channels per layer and KV head (random weights: which ones costs the same)."""
-    g = torch.Generator().manual_seed(seed)
-    return tuple(tuple(tuple(sorted(torch.randperm(model_cfg.head_dim, generator=g)[:r].tolist()))
-                       for _ in range(model_cfg.num_kv_heads)) for _ in range(model_cfg.num_layers))
-
-
 # ---------------------------------------------------------------- runs
 
 
@@ -310,14 +285,12 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     if policy == AR:
         pre = cfg.context - 1 if pair.random else None
         return generate(pair.target, pair.prompts, cfg.new_tokens, eos_ids=pair.eos, engine=eng, prefilled=pre)
-    policy, sparse_draft, refresh, channels = split_policy(policy)
+    policy, sparse_draft, refresh = split_policy(policy)
     if sparse_draft:
         scfg = replace(scfg, draft_kv="verify-set")
     if refresh:
         heads = (tuple(range(cfg.refresh_kv_heads)),) * len(cfg.refresh_layers) if cfg.refresh_kv_heads else ()
         scfg = replace(scfg, refresh_layers=cfg.refresh_layers, refresh_kv_heads=heads)
-    if channels:
-        scfg = replace(scfg, score_channels=random_channels(pair.target.cfg, cfg.score_channels, cfg.seed))
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
@@ -358,8 +331,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     if policy == AR:
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
-    policy, sparse_draft, refresh, channels = split_policy(policy)
-    kd = cfg.score_channels if channels else t.head_dim  # key width the target's scorers read
+    policy, sparse_draft, refresh = split_policy(policy)
+    kd = t.head_dim  # key width the target's scorers read
     if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
         draft_step = F * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
     if policy == "full":
@@ -370,7 +343,7 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
             target += L * el * (B * srh * kd + B // P * len(scfg.draft_heads) * d.head_dim)
-        if refresh:  # the (local) scoring KV heads' keys (or label keys) of each refresh layer, the busiest rank's
+        if refresh:  # the (local) scoring KV heads' keys of each refresh layer, the busiest rank's
             heads = min(cfg.refresh_kv_heads or t.num_kv_heads, t.num_kv_heads // P)
             target += len(cfg.refresh_layers) * B * L * heads * kd * el
         if policy == "quest":  # min and max key per page of 16, every layer and KV head
@@ -460,12 +433,9 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
             s["speedup_vs_ar"] = r["tokens_per_s"] / by[AR]["tokens_per_s"]
         if "full" in by:
             s["speedup_vs_full"] = r["tokens_per_s"] / by["full"]["tokens_per_s"]
-        whole = r["policy"].removesuffix(CHANNELS)
-        if r["policy"] != whole and whole in by:  # label keys' gain: tokens/s with them over whole keys
-            s["vs_whole_keys"] = r["tokens_per_s"] / by[whole]["tokens_per_s"]
-        plain = whole.removesuffix(REFRESH)
-        if whole != plain and plain + r["policy"][len(whole):] in by:  # the refresh's cost: with it over without
-            s["vs_no_refresh"] = r["tokens_per_s"] / by[plain + r["policy"][len(whole):]]["tokens_per_s"]
+        plain = r["policy"].removesuffix(REFRESH)
+        if r["policy"] != plain and plain in by:  # the refresh's cost: with it over without
+            s["vs_no_refresh"] = r["tokens_per_s"] / by[plain]["tokens_per_s"]
         summary[r["policy"]] = s
     out = {
         "benchmark": "e2e",
@@ -479,8 +449,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
                    "target_heads": [list(h[:2]) for h in scfg.target_heads],
                    "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
-                   "refresh_layers": list(cfg.refresh_layers), "refresh_kv_heads": cfg.refresh_kv_heads,
-                   "score_channels": cfg.score_channels},
+                   "refresh_layers": list(cfg.refresh_layers), "refresh_kv_heads": cfg.refresh_kv_heads},
         "copy_tbps": copy,
         "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
                                        "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),

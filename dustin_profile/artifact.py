@@ -29,7 +29,8 @@ from dustin_runtime.sparse.config import (
 SCHEMA_VERSION = 8
 READS = (1, 2, 3, 5, 6, 7, 8)  # 1: no held-out figures; 2: no refresh layers; 3-7: fields of dropped features
 # A field of a dropped feature (schemas 2-7) -> (its value when unused, the feature): ignored when unused.
-DROPPED = {"groups": ([], "layer groups (--max-groups)"), "draft_group": (0, "layer groups (--max-groups)")}
+DROPPED = {"groups": ([], "layer groups (--max-groups)"), "draft_group": (0, "layer groups (--max-groups)"),
+           "score_channels": ([], "score channels (--score-channels)")}
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,6 @@ class Profile:
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
     refresh_kv_heads: tuple[tuple[int, ...], ...] = ()  # per refresh layer, the KV heads scoring it (empty: every)
-    score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()  # [Lt][G][r] key channels the scorers read
-    channel_search: dict = field(default_factory=dict)  # how they were chosen (channels.py): criterion, windows
     window_search: dict = field(default_factory=dict)  # how `window` was chosen (window.py; empty: given)
     schema_version: int = SCHEMA_VERSION
 
@@ -117,7 +116,7 @@ class Profile:
             return tuple((h.layer, h.kv_head, tuple(h.query_heads)) for h in hs)
 
         common = dict(budget=budget, sinks=sinks, window=window, aggregation=self.aggregation,
-                      draft_kv=draft_kv or self.draft_kv, source=source, score_channels=self.score_channels)
+                      draft_kv=draft_kv or self.draft_kv, source=source)
         return SparseConfig(**common, m=m_at(self.m, self.m_by_budget), draft_heads=heads(self.draft_heads),
                             target_heads=heads(self.target_heads))
 
@@ -228,7 +227,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
             raise DustinError(f"{source} uses {feature}, which dustin no longer has (notes/dropped.md names the "
                               "commit that holds it): profile the pair again without it")
     kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "refresh_layers",
-                                          "score_channels", "refresh_kv_heads"))
+                                          "refresh_kv_heads"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
@@ -242,7 +241,6 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if not isinstance(rheads, list) or not all(isinstance(h, list) and all(_is(x, int) for x in h) for h in rheads):
         raise DustinError(f"{source}: field refresh_kv_heads must be a list of KV head lists, one per refresh layer")
     kw["refresh_kv_heads"] = tuple(tuple(h) for h in rheads)
-    kw["score_channels"] = _channels(d.get("score_channels", []), d["target"], source)
     prof = Profile(**kw)
     if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
         raise DustinError(f"{source}: gamma {prof.gamma} and budget {prof.budget} must be >= 1, sinks "
@@ -279,20 +277,6 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
                 raise DustinError(f"{source}: {who} head {h}: query heads {list(h.query_heads)} do not all use "
                                   f"KV head {h.kv_head}")
     return prof
-
-
-def _channels(ch, target: dict, where: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """score_channels: [] or [target layers][target KV heads][r] distinct channels in [0, head_dim)."""
-    if ch == []:
-        return ()
-    L, G, D = (target.get(k) for k in ("num_layers", "num_kv_heads", "head_dim"))
-    ok = (isinstance(ch, list) and len(ch) == L and all(isinstance(layer, list) and len(layer) == G for layer in ch)
-          and all(isinstance(c, list) and c and all(_is(x, int) and 0 <= x < D for x in c) and len(set(c)) == len(c)
-                  for layer in ch for c in layer))
-    if not ok or len({len(c) for layer in ch for c in layer}) != 1:
-        raise DustinError(f"{where}: field score_channels must be [{L} layers][{G} KV heads][r] distinct channels in "
-                          f"[0, {D}), the same r everywhere")
-    return tuple(tuple(tuple(c) for c in layer) for layer in ch)
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -5,7 +5,6 @@ the hooks factory the harnesses call, and what identifies a run in a resume key.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -96,9 +95,7 @@ class SparsePlan:
             return {"policy": self.policy}
         # fields at their defaults are left out: keys of records made before they existed hold
         sparse = {k: v for k, v in asdict(cfg).items()
-                  if k != "source" and not (k in ("refresh_layers", "refresh_kv_heads", "score_channels") and not v)}
-        if cfg.score_channels:  # [Lt][G][r]: its hash (the profile's content holds the table)
-            sparse["score_channels"] = hashlib.sha256(json.dumps(sparse["score_channels"]).encode()).hexdigest()[:16]
+                  if k != "source" and not (k in ("refresh_layers", "refresh_kv_heads") and not v)}
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
                 "profile": self.profile.content if self.profile else None}
 

@@ -71,7 +71,6 @@ class ProfileConfig:
     m_points: int = 9
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
-    score_channels: int = 0  # key channels r the target's scorers read (channels.py; 0: whole keys)
     refresh_head_share: float = 1.0  # share of the refresh layers' KV heads kept (refresh.greedy_heads; 1: every)
     window_grid: tuple[int, ...] = ()  # recent windows to choose among by perplexity (window.py; empty: --window)
     seed: int = 0
@@ -108,8 +107,6 @@ class ProfileConfig:
             raise DustinError("--heldout-windows must be >= 0")
         if self.max_refresh < 0:
             raise DustinError(f"--max-refresh must be >= 0, got {self.max_refresh}")
-        if self.score_channels < 0:
-            raise DustinError(f"--score-channels must be >= 0, got {self.score_channels}")
         if not 0 < self.refresh_head_share <= 1 or not math.isfinite(self.refresh_head_share):
             raise DustinError(f"--refresh-head-share must be in (0, 1], got {self.refresh_head_share}")
         if self.refresh_head_share < 1 and not self.max_refresh:
@@ -284,8 +281,6 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         mcfg = read_config(resolve_checkpoint(spec))
         if spec == cfg.target and cfg.max_refresh > mcfg.num_layers:
             raise DustinError(f"--max-refresh {cfg.max_refresh} exceeds {spec}'s {mcfg.num_layers} layers")
-        if spec == cfg.target and cfg.score_channels > mcfg.head_dim:
-            raise DustinError(f"--score-channels {cfg.score_channels} exceeds {spec}'s head dim {mcfg.head_dim}")
         if cfg.context + cfg.gamma + 1 > mcfg.max_position_embeddings:
             raise DustinError(f"--context {cfg.context} + gamma + 1 exceeds {spec}'s context of "
                               f"{mcfg.max_position_embeddings} tokens; use --context <= "
@@ -419,11 +414,6 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     )
     from dustin_profile.plots import write_plots
 
-    if cfg.score_channels:  # before the refresh search: its perplexity is measured with the channels
-        t_ch = time.perf_counter()
-        with console.status(f"score channels ({cfg.score_channels} of {tgt.model.cfg.head_dim})"):
-            prof = _choose_channels(prof, cfg, tgt.model, windows[:n])
-        prof.calibration["run"]["seconds"]["channels"] = round(time.perf_counter() - t_ch, 2)
     skipped = {"skipped": "Algorithm 1 chose no retrieval head: dustin has no set to score"}
     if cfg.max_refresh and not prof.has_heads:
         prof = replace(prof, refresh_search=skipped)
@@ -446,20 +436,6 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     prof.calibration["run"]["seconds"]["total"] = round(time.perf_counter() - t0, 2)
     _publish(out, prof, stage)
     return RunResult(prof, out, res, recorded, prof.calibration["run"]["seconds"])
-
-
-def _choose_channels(prof: Profile, cfg: ProfileConfig, target, calib_windows) -> Profile:
-    """The profile with the key channels its scorers read (`channels.choose` on the calibration prose
-    windows) and how they were chosen."""
-    from dustin_profile import channels as chs
-
-    crit = chs.channel_stats(target, [list(w.tokens) for w in calib_windows], cfg.context, cfg.prefill_chunk)
-    chosen = chs.choose(crit, cfg.score_channels)
-    record = {"r": cfg.score_channels, "head_dim": target.cfg.head_dim, "criterion": chs.CRITERION,
-              "queries": f"the last {chs.queries(cfg.context)} prompt positions of each window",
-              "windows": len(calib_windows),
-              "kept_share": chs.kept_share(crit, chosen)}
-    return replace(prof, score_channels=chosen, channel_search=record)
 
 
 def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_windows, held_windows) -> Profile:

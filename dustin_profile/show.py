@@ -129,12 +129,6 @@ def render(prof: Profile, folder: Path | None = None) -> list:
                                              f"at {ws.get('search_window')}); ppl ratio to full (every offset) "
                      + ", ".join(f"{w}: {_ratio(ratios, w)}" for w in ratios)
                      + ("; held out " + ", ".join(f"{w}: {_ratio(held, w)}" for w in held) if held else "")))
-    if prof.score_channels:
-        cs = prof.channel_search
-        kept = _num(cs, "kept_share")
-        rows.append(("score channels", f"{len(prof.score_channels[0][0])} of {prof.target.head_dim} per layer and KV "
-                                       "head (the scorers read a packed label cache)"
-                                       + (f"; they keep {kept:.1%} of the criterion" if kept is not None else "")))
     if _num(cal, "mean_accepted") is not None:
         rows.append(("mean accepted drafts", f"{_num(cal, 'mean_accepted'):.2f} of {prof.gamma}"))
     run = _sub(cal, "run")

@@ -26,23 +26,21 @@ class SparseOps:
         reduce: str,
         accumulate: bool,
         counters: str = "srh",
-        scale: float | None = None,
         sms: int | None = None,
     ) -> torch.Tensor:
         """Softmax mass of the heads' queries over [0, cache_lens) into `out` (added or maxed
         into it with `accumulate`; entries >= cache_lens are 0 without it). `counters`: the kernel's
-        ticket namespace (a call that may run beside another on a second stream takes its own).
-        `scale` of the logits: 1 / sqrt(D) unless given (label keys keep the model's). `sms`: the
+        ticket namespace (a call that may run beside another on a second stream takes its own). `sms`: the
         kernels' grids sized for that many SMs (a scoring beside other work; Triton only)."""
         if self.triton:
             from dustin_kernels import srh_scores
 
             return srh_scores(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out, accumulate=accumulate,
-                              counters=counters, scale=scale, sms=sms)
+                              counters=counters, sms=sms)
         from dustin_kernels import srh_scores_ref
 
         return out.copy_(srh_scores_ref(q, kv_heads, k_cache, cache_lens, reduce=reduce, out=out,
-                                        accumulate=accumulate, scale=scale))
+                                        accumulate=accumulate))
 
     def select_indices(
         self,

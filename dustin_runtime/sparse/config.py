@@ -35,12 +35,7 @@ class SparseConfig:
     that layer and the following ones attend the new set, the earlier ones the set chosen before
     the pass. Each refresh reads one layer's keys. `refresh_kv_heads` (a profile's, or empty: every KV
     head): per refresh layer, the KV heads that score it (each with all its query heads); fewer heads
-    read fewer keys (`dustin profile --refresh-head-share`).
-
-    `score_channels` [Lt][G][r] (a profile's, `dustin_profile.channels`): the target's scorers (the
-    retrieval heads' history and the refresh layers) rank rows by q . k / sqrt(D) over these r of the
-    D channels of each layer and KV head, read from a packed label cache (`label_keys`); empty: whole
-    keys."""
+    read fewer keys (`dustin profile --refresh-head-share`)."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -54,7 +49,6 @@ class SparseConfig:
     source: str = ""  # where it came from (a profile path, "all heads", ...), for records
     refresh_layers: tuple[int, ...] = ()
     refresh_kv_heads: tuple[tuple[int, ...], ...] = ()
-    score_channels: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     def __post_init__(self):
         if self.sinks < 0 or self.window < 0:
@@ -70,12 +64,6 @@ class SparseConfig:
             raise DustinError(f"refresh KV heads must list, for each of the {len(self.refresh_layers)} refresh "
                               f"layers, one or more distinct KV heads >= 0 in ascending order, got "
                               f"{list(self.refresh_kv_heads)}")
-        if self.score_channels:
-            rs = {len(c) for layer in self.score_channels for c in layer}
-            if len(rs) != 1 or min(rs) < 1 or any(len(set(c)) != len(c) or min(c) < 0
-                                                  for layer in self.score_channels for c in layer):
-                raise DustinError("score channels must list the same number (>= 1) of distinct channels >= 0 for "
-                                  "every layer and KV head")
         if not 0 <= self.m <= self.free:
             raise DustinError(f"m = {self.m} is outside [0, budget - sinks - window = {self.free}]")
         if self.aggregation not in ("sum", "max"):
@@ -92,11 +80,6 @@ class SparseConfig:
     def free(self) -> int:
         """Rows chosen by the signals: budget - sinks - window."""
         return self.budget - self.sinks - self.window
-
-    @property
-    def channels_r(self) -> int:
-        """Key channels each target scorer reads (0: whole keys)."""
-        return len(self.score_channels[0][0]) if self.score_channels else 0
 
     def refresh_heads(self, cfg: ModelConfig) -> dict[int, tuple[Head, ...]]:
         """Refresh layer -> the heads (layer, kv_head, query_heads) that score it, of target `cfg`."""
@@ -122,11 +105,6 @@ class SparseConfig:
         if bad:
             raise DustinError(f"refresh layer {bad[0][0]}: KV head {bad[0][1]} is past the target's "
                               f"{target.num_kv_heads} KV heads")
-        ch = self.score_channels
-        if ch and (len(ch) != target.num_layers or any(len(layer) != target.num_kv_heads for layer in ch)
-                   or max(max(c) for layer in ch for c in layer) >= target.head_dim):
-            raise DustinError(f"score channels must be [{target.num_layers} layers][{target.num_kv_heads} KV heads][r] "
-                              f"channels below the target's head dim {target.head_dim}")
         for who, heads, cfg in (("draft", self.draft_heads, draft), ("target", self.target_heads, target)):
             for layer, kv, qh in heads:
                 if not (0 <= layer < cfg.num_layers and 0 <= kv < cfg.num_kv_heads):

@@ -37,7 +37,6 @@ from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
 from dustin_runtime.sparse.config import POLICIES, SparseConfig, every_head
-from dustin_runtime.sparse.label_keys import LabelKeys
 from dustin_runtime.sparse.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.sparse.selection import QuestPages, quest_indices, streaming_indices
 from dustin_runtime.sparse.signals import DraftLookahead, TargetHistory, normalise_
@@ -368,7 +367,7 @@ class SetSignals:
             if empty:
                 raise DustinError(f"per-KV-head selection: rank {empty[0]} of {tp.world} holds none of the target "
                                   "retrieval heads, so it has no signal to select with (use --tp-select shared)")
-        self.target_signal = (TargetHistory(heads, device, c.aggregation, policy.ops, policy.labels)
+        self.target_signal = (TargetHistory(heads, device, c.aggregation, policy.ops)
                               if self.use_target else None)
 
     def select(self, policy: SignalPolicy, lens: torch.Tensor) -> None:
@@ -406,7 +405,6 @@ class SignalPolicy(SparsePolicy):
         self.layer_sets = bool(cfg.refresh_layers)
 
     def allocate(self, batch, max_len, device):
-        self.labels = self.label_keys(batch, max_len, device)
         self.sig = sig = SetSignals(self, batch, max_len, device)
         self.lookaheads = [sig.lookahead] if sig.lookahead is not None else []
         self.indices, self.draft_score, self.history, self.m = sig.indices, sig.draft_score, sig.history, sig.m
@@ -417,8 +415,7 @@ class SignalPolicy(SparsePolicy):
                 raise DustinError(f"per-KV-head selection: a rank holds none of refresh layer {layer}'s KV heads "
                                   f"{sorted({h[1] for h in heads})}, so it has no signal to select with there "
                                   "(use --tp-select shared)")
-            self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops,
-                                                self.labels)
+            self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
                         if self.refresh else None)
         # With a side stream (CUDA, one process) a pass's history (the next step's signal) is deferred: the
@@ -429,8 +426,7 @@ class SignalPolicy(SparsePolicy):
         self.forked = self.holding = False
         self.deferred = scored and self.side is not None
         if self.deferred:
-            width = t.head_dim if self.labels is None else self.labels.r
-            sig.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, width,
+            sig.qbuf = {layer: torch.zeros(batch, lh.query.numel(), self.gamma + 1, t.head_dim,
                                            dtype=self.target.dtype, device=device)
                         for layer, lh in sig.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
         self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
@@ -445,20 +441,6 @@ class SignalPolicy(SparsePolicy):
         ok = self.history_stream and self.ops.triton and self.tp is None and torch.device(device).type == "cuda"
         return torch.cuda.Stream(device) if ok else None
 
-    def label_keys(self, batch, max_len, device) -> LabelKeys | None:
-        """The label cache of every layer a target scorer reads (retrieval heads' layers when the
-        target signal is used, and the refresh layers), when the config has score channels."""
-        c, t = self.cfg, self.target.cfg
-        if not c.score_channels:
-            return None
-        layers = {h[0] for h in c.target_heads} if c.target_heads and c.m < c.free else set()
-        layers |= set(c.refresh_layers)
-        ch = torch.tensor(c.score_channels, dtype=torch.long)  # [Lt, G, r]
-        if self.tp is not None:  # this rank's KV heads
-            per = t.num_kv_heads // self.tp.world
-            ch = ch[:, self.tp.rank * per: (self.tp.rank + 1) * per]
-        return LabelKeys(ch, sorted(layers), batch, max_len, t.head_dim, self.target.dtype, device)
-
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:
         return _DraftBackend(self, default) if self.lookaheads or self.draft_set is not None else default
 
@@ -471,11 +453,9 @@ class SignalPolicy(SparsePolicy):
 
     def observe_prefill_tail(self, layer, q, cache, ctx):
         b0, b1 = ctx.rows
-        if self.labels is not None and layer in self.labels:  # every prompt row is in the cache now
-            self.labels.fill(layer, cache.k[layer], (b0, b1))
         g = self.sig
         if g.target_signal is not None:  # scored now (the first set may be chosen before drafting) and,
-            g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1], rows=(b0, b1))
+            g.target_signal.score(layer, q, cache.k[layer], ctx.start, g.history[b0:b1])
             if self.deferred:  # deferred, scored again by the first drafting (the same result)
                 self._stash(layer, q, ctx.start, (b0, b1))
 
@@ -493,8 +473,6 @@ class SignalPolicy(SparsePolicy):
             self.forked = True
 
     def observe_verify(self, layer, q, cache, ctx):
-        if self.labels is not None and layer in self.labels:  # this pass's rows, before they are scored
-            self.labels.write(layer, cache.k[layer], ctx.positions)
         g = self.sig  # this pass's set is chosen: the buffers become next step's history
         if self.deferred:  # scored while the next step drafts (`before_draft`)
             self._stash(layer, q, ctx.start)
@@ -548,8 +526,6 @@ class SignalPolicy(SparsePolicy):
             out["refresh_layers"] = list(self.cfg.refresh_layers)
             if self.cfg.refresh_kv_heads:
                 out["refresh_kv_heads"] = [list(h) for h in self.cfg.refresh_kv_heads]
-        if self.cfg.score_channels:
-            out["score_channels"] = self.cfg.channels_r
         return out
 
 

@@ -25,7 +25,6 @@ import torch
 
 from dustin_runtime.ops import SparseOps
 from dustin_runtime.sparse.config import Head
-from dustin_runtime.sparse.label_keys import LabelKeys
 
 # The stashed history's scoring beside the draft forwards runs on grids for this many SMs, leaving the
 # rest to the draft's latency-bound kernels (H200, dustin-vs at the 7B / 0.5B shapes, 32k, batch 16:
@@ -65,11 +64,10 @@ def layer_heads(heads: tuple[Head, ...], device: torch.device | str) -> dict[int
 
 
 def score_heads(ops: SparseOps, q: torch.Tensor, lh: LayerHeads, k_cache: torch.Tensor, lens: torch.Tensor,
-                out: torch.Tensor, reduce: str, accumulate: bool, counters: str = "srh",
-                scale: float | None = None, sms: int | None = None) -> None:
-    """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order (D: the keys' width,
-    the label keys' r with `scale` = the model's 1 / sqrt(head_dim); `sms`: grids for that many SMs)."""
-    kw = dict(reduce=reduce, accumulate=accumulate, counters=counters, scale=scale, sms=sms)
+                out: torch.Tensor, reduce: str, accumulate: bool, counters: str = "srh", sms: int | None = None) -> None:
+    """srh_scores for the heads of one layer; q [B, Hs, M, D] in `lh.query` order (`sms`: grids for
+    that many SMs)."""
+    kw = dict(reduce=reduce, accumulate=accumulate, counters=counters, sms=sms)
     if lh.groups is not None:
         B, Hs, M, D = q.shape
         q = q.reshape(B, lh.groups.numel(), Hs // lh.groups.numel() * M, D)  # [B, Gs, r * M, D]
@@ -132,39 +130,22 @@ class DraftLookahead:
 
 
 class TargetHistory:
-    """Scores the context with the target's SRH queries of one pass (verification or prefill tail);
-    with `labels`, over the label keys' channels (`label_keys`; the caller keeps them current)."""
+    """Scores the context with the target's SRH queries of one pass (verification or prefill tail)."""
 
-    def __init__(self, heads: tuple[Head, ...], device: torch.device | str, reduce: str, ops: SparseOps,
-                 labels: LabelKeys | None = None):
+    def __init__(self, heads: tuple[Head, ...], device: torch.device | str, reduce: str, ops: SparseOps):
         self.layers = layer_heads(heads, device)
         self.first = min(self.layers) if self.layers else -1
-        self.reduce, self.ops, self.labels = reduce, ops, labels
-        self.label_idx = ({layer: labels.head_channels(layer, lh.kv) for layer, lh in self.layers.items()}
-                          if labels is not None else {})  # layer -> [Hs, r] channels of its heads
-
-    def inputs(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
-               rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The heads' queries [B, Hs, M, D or r] of q [B, H, M, D] and the keys they score (`rows`:
-        the batch rows of q and k_cache, where they are a slice of the batch)."""
-        lh = self.layers[layer]
-        qs = q.index_select(1, lh.query)
-        if self.labels is None:
-            return qs, k_cache
-        keys = self.labels.k[layer]
-        return self.labels.queries(qs, self.label_idx[layer]), keys if rows is None else keys[rows[0]: rows[1]]
+        self.reduce, self.ops = reduce, ops
 
     def stash(self, layer: int, q: torch.Tensor, qbuf: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
-        """Copy the heads' queries of q [b, H, M, D] at SRH layer `layer` into qbuf [B, Hs, M', D or r]
+        """Copy the heads' queries of q [b, H, M, D] at SRH layer `layer` into qbuf [B, Hs, M', D]
         (rows [b0, b1) of it where q is a slice of the batch; M < M' queries fill the first slots and
         the rest are zero, a uniform score) for `score_stashed`."""
         lh = self.layers[layer]
-        if self.labels is None and rows is None and q.shape[2] == qbuf.shape[2]:
+        if rows is None and q.shape[2] == qbuf.shape[2]:
             torch.index_select(q, 1, lh.query, out=qbuf)
             return
         qs = q.index_select(1, lh.query)
-        if self.labels is not None:
-            qs = self.labels.queries(qs, self.label_idx[layer])
         dst = qbuf if rows is None else qbuf[rows[0]: rows[1]]
         if qs.shape[2] < dst.shape[2]:
             dst.zero_()
@@ -173,20 +154,16 @@ class TargetHistory:
     def score_stashed(self, qbufs: dict[int, torch.Tensor], k_caches: list[torch.Tensor], lens: torch.Tensor,
                       out: torch.Tensor, counters: str = "srh-side") -> None:
         """out [B, N_max] = the signal of the stashed queries (`stash`, every SRH layer) over [0, lens)."""
-        scale = None if self.labels is None else self.labels.scale
         for layer, lh in self.layers.items():
-            keys = k_caches[layer] if self.labels is None else self.labels.k[layer]
-            score_heads(self.ops, qbufs[layer], lh, keys, lens, out, self.reduce, layer != self.first,
-                        counters=counters, scale=scale, sms=HISTORY_SMS)
+            score_heads(self.ops, qbufs[layer], lh, k_caches[layer], lens, out, self.reduce, layer != self.first,
+                        counters=counters, sms=HISTORY_SMS)
 
     def score(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, lens: torch.Tensor,
-              out: torch.Tensor, rows: tuple[int, int] | None = None) -> bool:
+              out: torch.Tensor) -> bool:
         """At an SRH layer: add the heads' softmax mass of q [B, H, M, D] over [0, lens) into out
         [B, N_max] (the pass's first SRH layer overwrites it); False at other layers."""
         lh = self.layers.get(layer)
         if lh is None:
             return False
-        qs, keys = self.inputs(layer, q, k_cache, rows)
-        score_heads(self.ops, qs, lh, keys, lens, out, self.reduce, layer != self.first,
-                    scale=None if self.labels is None else self.labels.scale)
+        score_heads(self.ops, q.index_select(1, lh.query), lh, k_cache, lens, out, self.reduce, layer != self.first)
         return True

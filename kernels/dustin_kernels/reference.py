@@ -77,11 +77,11 @@ def sparse_verify_attention_rope_ref(qkv, rope, k_cache, v_cache, indices, cache
     return sparse_verify_attention_ref(q, k_cache, v_cache, indices, cache_lens, scale=scale), q
 
 
-def srh_scores_ref(q, kv_heads, k_cache, cache_lens, *, reduce="sum", scale=None, out=None, accumulate=False):
+def srh_scores_ref(q, kv_heads, k_cache, cache_lens, *, reduce="sum", out=None, accumulate=False):
     """Reference of `srh_scores`: [B, N_max] fp32 softmax mass per context position."""
     B, Hs, M, D = q.shape
     N = k_cache.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    scale = 1.0 / math.sqrt(D)
     score = torch.zeros(B, N, dtype=torch.float32, device=q.device)
     for b in range(B):
         L = int(cache_lens[b])

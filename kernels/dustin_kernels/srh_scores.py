@@ -231,7 +231,6 @@ def srh_scores(
     cache_lens: torch.Tensor,
     *,
     reduce: str = "sum",
-    scale: float | None = None,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
     num_splits: int | None = None,
@@ -248,7 +247,7 @@ def srh_scores(
     q [B, Hs, M, D]: queries of the selected heads; kv_heads [Hs] int32: the KV head (index into
     G of k_cache [B, G, N_max, D]) each uses; cache_lens [B] int32. Returns out [B, N_max] fp32:
     sum (reduce="sum") or max (reduce="max") over heads and queries of the softmax over
-    n < cache_lens[b] of q . k * scale (default 1/sqrt(D)); 0 for n >= cache_lens[b].
+    n < cache_lens[b] of q . k / sqrt(D); 0 for n >= cache_lens[b].
     accumulate=True adds into (sum) or maxes into (max) the given `out` instead, leaving entries
     n >= cache_lens[b] as they were. Reads only the keys of the KV heads used: once, or twice where
     the stored probabilities would exceed `PROBS_MAX_BYTES`.
@@ -280,7 +279,7 @@ def srh_scores(
     require(not accumulate or out is not None, "accumulate=True needs out")
     N = k_cache.shape[2]
     out = check_out(out, (B, N), torch.float32, q.device)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(D)
     BLOCK_M = max(16, next_pow2(M))
     BLOCK_D = max(16, next_pow2(D))
     if block_n is None:  # measured on the H200 (kernels/NOTES.md): 128 at 5 and at 40 queries

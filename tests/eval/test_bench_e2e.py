@@ -101,12 +101,10 @@ def test_config_refuses_bad_refresh_layers(kw, match):
 
 def test_refresh_layers_of_a_preset_within_its_layers_pass():
     E2EConfig(policies=("full", "dustin", "dustin-r", "dustin-vs-r"), refresh_layers=(9, 27)).check()
-    assert split_policy("dustin-vs-r") == ("dustin", True, True, False)
-    assert split_policy("dustin-r") == ("dustin", False, True, False)
-    assert split_policy("streamingllm-vs") == ("streamingllm", True, False, False)
-    assert split_policy("ar") == ("ar", False, False, False)
-    assert split_policy("dustin-vs-r-c") == ("dustin", True, True, True)
-    assert split_policy("dustin-c") == ("dustin", False, False, True)
+    assert split_policy("dustin-vs-r") == ("dustin", True, True)
+    assert split_policy("dustin-r") == ("dustin", False, True)
+    assert split_policy("streamingllm-vs") == ("streamingllm", True, False)
+    assert split_policy("ar") == ("ar", False, False)
 
 
 def tiny_pair(batch=2, seed=0):
@@ -152,37 +150,3 @@ def test_byte_floor_adds_the_keys_of_each_refresh_layer():
         "bytes"] == refreshed["bytes"] - plain["bytes"]
     half = byte_floor(pair, "dustin-r", replace(cfg, refresh_kv_heads=1), scfg, 1.0)  # 1 of the 2 KV heads
     assert half["bytes"] - plain["bytes"] == (refreshed["bytes"] - plain["bytes"]) // 2
-
-
-@pytest.mark.parametrize("kw, match", [
-    (dict(policies=("dustin", "dustin-vs-c")), "give --score-channels"),
-    (dict(policies=("dustin", "dustin-vs"), score_channels=32), "applies to the -c policies"),
-    (dict(policies=("dustin-c",), score_channels=129), "exceeds the head dim 128"),
-    (dict(policies=("streamingllm-c",), score_channels=32), "unknown policies"),
-])
-def test_config_refuses_bad_score_channels(kw, match):
-    with pytest.raises(DustinError, match=match):
-        E2EConfig(**kw).check()
-
-
-def test_run_gives_the_c_policies_label_keys_and_the_byte_floor_their_width():
-    """dustin-vs-r-c: the refresh layers and retrieval heads score 3 of 16 channels from label caches;
-    tokens equal the same policy built by hand; the floor counts 3 / 16 of those keys."""
-    cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=24, sinks=2, window=4, m=4,
-                    srh=2, draft_srh=1, new_tokens=6, policies=("dustin-vs-r", "dustin-vs-r-c"), refresh_layers=(1,),
-                    score_channels=3)
-    pair = tiny_pair()
-    scfg = sparse_config(cfg, pair)
-    eng = Engine(pair.target, pair.draft)
-    res = _run(pair, eng, "dustin-vs-r-c", cfg, scfg, None)
-    hooks = eng.last.objs["hooks"]
-    scored = sorted({h[0] for h in scfg.target_heads} | {1})
-    assert hooks.cfg.channels_r == 3 and hooks.labels is not None and sorted(hooks.labels.k) == scored
-    ref = make_policy("dustin", replace(scfg, refresh_layers=(1,), draft_kv="verify-set",
-                                        score_channels=hooks.cfg.score_channels), target=pair.target, draft=pair.draft)
-    want = speculative_generate(pair.target, pair.draft, pair.prompts, 6, gamma=2, hooks=ref, cuda_graphs=False)
-    assert res.tokens == want.tokens
-    t = pair.target.cfg
-    whole, packed = (byte_floor(pair, p, cfg, scfg, 1.0)["bytes"] for p in ("dustin-vs-r", "dustin-vs-r-c"))
-    keys = cfg.batch * cfg.context * 2 * (len(scfg.target_heads) + t.num_kv_heads)  # per channel: SRH + 1 refresh layer
-    assert whole - packed == keys * (t.head_dim - 3)

@@ -1,4 +1,4 @@
-"""A small hand-made profile the artifact tests share (test_artifact.py, test_channels.py)."""
+"""A small hand-made profile the artifact tests share (test_artifact.py)."""
 
 from dustin_profile.artifact import HeadChoice, ModelInfo, Profile
 

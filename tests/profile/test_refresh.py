@@ -45,7 +45,7 @@ def setup(made, loaded):
 def test_profile_records_the_search(made):
     cfg, res = made
     p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 8 and p.score_channels == () and p.refresh_kv_heads == ()
+    assert p.schema_version == SCHEMA_VERSION == 8 and p.refresh_kv_heads == ()
     s = p.refresh_search
     assert len(p.refresh_layers) <= cfg.max_refresh and all(0 <= x < 3 for x in p.refresh_layers)
     assert list(p.refresh_layers) == sorted(set(p.refresh_layers))

@@ -35,30 +35,22 @@ def prompts(batch, seed):
 
 
 def hooks(name, t, d, budget=64, refresh_kv_heads=()):
-    """The policy of a test name; -vs drafts over the verification set, -r refreshes the set at layer 1,
-    -c (last) scores 16 of the 64 key channels from label caches."""
+    """The policy of a test name; -vs drafts over the verification set, -r refreshes the set at layer 1."""
     if name == "none":
         return None
-    channels = name.endswith("-c")
-    name = name.removesuffix("-c")
     refresh = (1,) if name.endswith("-r") else ()
     name = name.removesuffix("-r")
-    table = ()
-    if channels:
-        g = torch.Generator().manual_seed(3)
-        table = tuple(tuple(tuple(torch.randperm(64, generator=g)[:16].tolist()) for _ in range(2))
-                      for _ in range(t.cfg.num_layers))
     cfg = SparseConfig(budget=budget, sinks=4, window=16, m=16, draft_heads=((0, 1, (2, 3)),),
                        target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))),
                        draft_kv="verify-set" if name.endswith("-vs") else "full", refresh_layers=refresh,
-                       refresh_kv_heads=refresh_kv_heads if refresh else (), score_channels=table)
+                       refresh_kv_heads=refresh_kv_heads if refresh else ())
     name = name.removesuffix("-vs")
     return make_policy(name, None if name == "full" else cfg, target=t, draft=d)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
 @pytest.mark.parametrize("policy", ["none", "full", "dustin", "streamingllm", "quest", "dustin-vs", "dustin-r",
-                                    "dustin-vs-r", "dustin-vs-r-c"])
+                                    "dustin-vs-r"])
 def test_graph_path_equals_eager_path(pair, policy, batch):
     t, d = pair
     for call in range(2):  # the second call replays the graphs the first captured
@@ -141,7 +133,7 @@ def test_refresh_in_the_captured_verify_graph_equals_eager(pair, kv_heads):
     assert torch.equal(h.indices, e.indices) and torch.equal(h.current, e.current)
 
 
-@pytest.mark.parametrize("policy", ["dustin", "dustin-vs-r", "dustin-vs-r-c"])
+@pytest.mark.parametrize("policy", ["dustin", "dustin-vs-r"])
 def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
     """The target's history scored on a side stream while the next step drafts and the draft's
     lookahead scored during the step's last draft forward on it, in graphs and eagerly, give the

@@ -88,18 +88,6 @@ def test_tp_refresh_kv_heads_on_one_rank_equal_one_process(tp_run, models):
         assert out["tokens"] == ref["tokens"] and out["sets"] == ref["sets"]
 
 
-def test_tp_score_channels_equal_one_process(tp_run, models):
-    """Label keys under TP: each rank keeps the channels of its own KV heads; the refresh layer's and
-    the retrieval heads' scores over them give one process's sets and tokens on every rank."""
-    kw = dict(target=models["llama3"], draft=models["draft"], prompts=PROMPTS, policy="dustin", max_new=12,
-              **DUSTIN, refresh_layers=[1], trace=True, score_channels=5)
-    ref = tp_run.one("spec", **kw)
-    whole = tp_run.one("spec", **{**kw, "score_channels": 0})
-    assert ref["sets"] != whole["sets"]  # the channels change what is chosen
-    for out in tp_run.case("spec", 2, **kw):
-        assert out["tokens"] == ref["tokens"] and out["sets"] == ref["sets"]
-
-
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_tp_sampling_equals_one_process(tp_run, models, top_p):
     """Sampled autoregressive and speculative decoding draw what one process draws (the same noise,

@@ -2,7 +2,6 @@
 the test process as the single-process reference. Each case loads its models, runs, and returns
 plain values and CPU tensors. Retrieval heads arrive as lists (JSON) and become tuples here."""
 
-from dataclasses import replace
 
 import torch
 
@@ -41,10 +40,9 @@ def logits(tp, target: str, prompts: list[list[int]]) -> dict:
 def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "full", budget: int | None = None,
          target_heads=None, draft_heads=None, m: int = 0, temperature: float = 0.0, top_p: float = 1.0,
          gamma: int = 3, max_new: int = 10, measure_arr: bool = False, trace: bool = False, seed: int = 0,
-         eos: tuple = (), draft_kv: str = "full", refresh_layers=(), score_channels: int = 0,
+         eos: tuple = (), draft_kv: str = "full", refresh_layers=(),
          refresh_kv_heads=()) -> dict:
-    """Speculative decoding through one policy: tokens, accepted counts, the sets chosen, ARR.
-    `score_channels` r: the scorers read r key channels per layer and KV head (a seeded table)."""
+    """Speculative decoding through one policy: tokens, accepted counts, the sets chosen, ARR."""
     t, _ = load_model(target, tp=tp)
     d, _ = load_model(draft)
     cfg = None
@@ -52,12 +50,6 @@ def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "f
         cfg = SparseConfig(budget=budget, sinks=2, window=4, m=m, target_heads=_heads(target_heads),
                            draft_heads=_heads(draft_heads), draft_kv=draft_kv, refresh_layers=tuple(refresh_layers),
                            refresh_kv_heads=tuple(tuple(h) for h in refresh_kv_heads))
-        if score_channels:
-            g = torch.Generator().manual_seed(7)
-            c = t.cfg
-            cfg = replace(cfg, score_channels=tuple(
-                tuple(tuple(torch.randperm(c.head_dim, generator=g)[:score_channels].tolist())
-                      for _ in range(c.num_kv_heads)) for _ in range(c.num_layers)))
     hooks = make_policy(policy, cfg, target=t, draft=d, measure_arr=measure_arr)
     if trace:
         hooks.trace = []

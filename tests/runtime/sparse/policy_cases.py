@@ -1,4 +1,4 @@
-"""What the policy tests share (test_policies.py, test_label_keys.py): prompts, the tiny target with a
+"""What the policy tests share (test_policies.py): prompts, the tiny target with a
 noisy copy as its draft, one speculative run through a policy, a spy on the verification hooks, and
 the all-heads config."""
 
