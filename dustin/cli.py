@@ -136,8 +136,6 @@ def bench_attention(
     sdpa: bool = typer.Option(True, help="Also time the PyTorch SDPA backends."),
     refresh: int = typer.Option(0, min=0, max=MAX_COUNT, help="Refresh layers of dustin to time with the "
                                 "estimate (each scores every KV head of its layer, then selects; 0: none)."),
-    refresh_kv_heads: int = typer.Option(0, min=0, max=MAX_COUNT, help="KV heads each refresh layer scores (0: every "
-                                         "one; fewer: a profile's --refresh-head-share)."),
 ) -> None:
     """Verification attention kernels vs copy bandwidth and SDPA; one JSON per combination."""
     _one_process("bench attention")
@@ -147,8 +145,7 @@ def bench_attention(
 
     configs = [
         ba.BenchConfig(shape=s, context=c, batch=b, budget=k, gamma=gamma, sdpa=sdpa,
-                       refresh_layers=refresh,
-                       refresh_kv_heads=refresh_kv_heads)
+                       refresh_layers=refresh)
         for s in ba.parse_list(shape, str) for c in ba.parse_list(context) for b in ba.parse_list(batch)
         for k in ba.parse_list(budget)
     ]
@@ -250,9 +247,6 @@ def bench_e2e(
     refresh_layers: str = typer.Option("", "--refresh-layers",
                                        help="Target layers (comma-separated) at which the -r policies choose "
                                             "the set again inside the verification pass."),
-    refresh_kv_heads: int = typer.Option(0, "--refresh-kv-heads", min=0, max=MAX_COUNT,
-                                         help="KV heads that score each refresh layer of the -r policies (its first "
-                                              "K; 0: every KV head)."),
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records."),
     new_tokens: NewTokens = 64,
@@ -292,8 +286,7 @@ def bench_e2e(
     cfgs = [be.E2EConfig(target=target, draft=draft, batch=b, context=c, gamma=gamma, budget=budget,
                          policies=names, acceptance=acceptance, new_tokens=new_tokens, srh=srh, draft_srh=draft_srh,
                          m=m, alphas=al, refresh_layers=_layers(refresh_layers) or (), draft_vocab=draft_vocab,
-                         draft_lookup=draft_lookup,
-                         refresh_kv_heads=refresh_kv_heads)
+                         draft_lookup=draft_lookup)
             for b, c in pairs]
     for cfg in cfgs:  # every run checked before a GPU is touched
         cfg.check()
@@ -356,9 +349,6 @@ def profile(
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
                                             "dustin policy greedily by teacher-forced perplexity on the calibration "
                                             "windows (0: none; one set only)."),
-    refresh_head_share: float = typer.Option(1.0, help="Share of the refresh layers' KV heads that score them, "
-                                             "the rest dropped greedily by the same perplexity (fewer keys read per "
-                                             "refresh; 1: every KV head). Needs --max-refresh."),
     window_grid: str = typer.Option("", help="Recent windows (comma list) to choose among after the search, by the "
                                             "same teacher-forced perplexity at the budget (empty: --window)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round is below this."),
@@ -392,7 +382,6 @@ def profile(
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
                         heldout=heldout_windows, max_refresh=max_refresh,
-                        refresh_head_share=refresh_head_share,
                         window_grid=tuple(_ints(window_grid, "--window-grid", minimum=0)) if window_grid else (),
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)

@@ -164,7 +164,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                     if policy == "quest" and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
                         scfg = replace(scfg, draft_kv="full")
                     if policy != "dustin" and scfg is not None and scfg.refresh_layers:  # dustin's alone
-                        scfg = replace(scfg, refresh_layers=(), refresh_kv_heads=())
+                        scfg = replace(scfg, refresh_layers=())
                     hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
                                         measure_arr=cfg.measure_arr, paired=cfg.paired)
                     res = speculative_generate(target.model, draft.model, prompts, cfg.max_new_tokens,
@@ -184,8 +184,6 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                     }
                     if scfg is not None and scfg.refresh_layers:
                         rec["refresh_layers"] = list(scfg.refresh_layers)
-                        if scfg.refresh_kv_heads:
-                            rec["refresh_kv_heads"] = [list(h) for h in scfg.refresh_kv_heads]
                     append_jsonl(runs_path, rec)
                 records.append(rec)
                 if on_record is not None:

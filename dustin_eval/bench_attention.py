@@ -64,7 +64,6 @@ class BenchConfig:
     srh_layers: int = 2  # the estimate: SRH scoring over this many layers ...
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
     refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects
-    refresh_kv_heads: int = 0  # ... or only this many of them (0: every one; a profile's --refresh-head-share)
     mem_budget_gb: float = 56.0  # distinct KV buffers for the graph timings
     sdpa: bool = True
 
@@ -305,9 +304,7 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
                           note=f"srh_scores on {cfg.srh_layers} layers x {hs} KV heads + select_indices"))
 
     if cfg.refresh_layers:
-        Gr = cfg.refresh_kv_heads or G  # KV heads each refresh layer scores
-        if Gr > G:
-            raise DustinError(f"--refresh-kv-heads {Gr} exceeds the {G} KV heads of {cfg.shape}")
+        Gr = G  # KV heads each refresh layer scores: every one
         q_all = [torch.randn(B, Gr, (H // G) * M, D, dtype=dt, device=dev) for _ in range(n_buf)]
         all_heads = torch.arange(0, G, G // Gr, dtype=torch.int32, device=dev)[:Gr]  # spread over G
         free_kw = dict(budget=S, sinks=cfg.sinks, window=cfg.window, m=S - cfg.sinks - cfg.window)
@@ -351,8 +348,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
         "refresh_layers": cfg.refresh_layers,
         "refresh_ms": ref["median_ms"] if ref else None,
         "refresh_fraction": ref["median_ms"] / full_all if ref else None,
-        "refresh_kv_heads": (cfg.refresh_kv_heads or G) if ref else None,
-        "refresh_model_fraction": model(cfg.refresh_layers, cfg.refresh_kv_heads or G) if ref else None,
+        "refresh_kv_heads": G if ref else None,
+        "refresh_model_fraction": model(cfg.refresh_layers, G) if ref else None,
         "estimate_with_refresh_fraction": (est["median_ms"] + ref["median_ms"]) / full_all if est and ref else None,
         "select_vs_topk_speedup": topk["median_ms"] / sel["median_ms"] if sel and topk else None,
         "copy_tbps": copy_tbps,
@@ -379,8 +376,6 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
 def result_path(out_dir: Path, cfg: BenchConfig) -> Path:
     refresh = f"-r{cfg.refresh_layers}" if cfg.refresh_layers else ""
-    if cfg.refresh_layers and cfg.refresh_kv_heads:
-        refresh += f"x{cfg.refresh_kv_heads}"
     return Path(out_dir) / f"attention-{cfg.shape}-{cfg.context}-{cfg.batch}-{cfg.budget}{refresh}.json"
 
 

@@ -91,7 +91,6 @@ class E2EConfig:
     seed: int = 0
     tp: int = 1  # tensor-parallel ranks (GPUs), started by torchrun
     refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
-    refresh_kv_heads: int = 0  # KV heads scoring each refresh layer (its first K; 0: every KV head)
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
     draft_lookup: str | None = None  # context lookup beside the draft (MAX[:MIN]), every speculative policy
 
@@ -123,11 +122,6 @@ class E2EConfig:
                 raise DustinError("--draft-vocab with checkpoints: give PATH:K (a token-counts file, `dustin "
                                   "profile vocab`); K alone is for preset shapes with random weights")
         self.lookup()  # a bad --draft-lookup is refused here, before any GPU work
-        if self.refresh_kv_heads and not self.refresh_layers:
-            raise DustinError("--refresh-kv-heads applies to refresh layers: give --refresh-layers")
-        if shape is not None and not 0 <= self.refresh_kv_heads <= shape.num_kv_heads:
-            raise DustinError(f"--refresh-kv-heads {self.refresh_kv_heads} is outside [0, {shape.num_kv_heads}] "
-                              f"(the KV heads of {self.target})")
         if shape is not None and self.refresh_layers and self.refresh_layers[-1] >= shape.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {shape.num_layers} "
                               f"layers (0..{shape.num_layers - 1}, {self.target})")
@@ -289,8 +283,7 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     if sparse_draft:
         scfg = replace(scfg, draft_kv="verify-set")
     if refresh:
-        heads = (tuple(range(cfg.refresh_kv_heads)),) * len(cfg.refresh_layers) if cfg.refresh_kv_heads else ()
-        scfg = replace(scfg, refresh_layers=cfg.refresh_layers, refresh_kv_heads=heads)
+        scfg = replace(scfg, refresh_layers=cfg.refresh_layers)
     hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
@@ -343,9 +336,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
             target += L * el * (B * srh * kd + B // P * len(scfg.draft_heads) * d.head_dim)
-        if refresh:  # the (local) scoring KV heads' keys of each refresh layer, the busiest rank's
-            heads = min(cfg.refresh_kv_heads or t.num_kv_heads, t.num_kv_heads // P)
-            target += len(cfg.refresh_layers) * B * L * heads * kd * el
+        if refresh:  # the keys of each refresh layer's (local) KV heads
+            target += len(cfg.refresh_layers) * B * L * (t.num_kv_heads // P) * kd * el
         if policy == "quest":  # min and max key per page of 16, every layer and KV head
             target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
     total = draft_step + target
@@ -449,7 +441,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
                    "target_heads": [list(h[:2]) for h in scfg.target_heads],
                    "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
-                   "refresh_layers": list(cfg.refresh_layers), "refresh_kv_heads": cfg.refresh_kv_heads},
+                   "refresh_layers": list(cfg.refresh_layers)},
         "copy_tbps": copy,
         "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
                                        "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),

@@ -23,14 +23,14 @@ from dustin_runtime.sparse.config import (
     DRAFT_KV,
     SparseConfig,
     scale_m,
-    valid_refresh_kv_heads,
 )
 
 SCHEMA_VERSION = 8
 READS = (1, 2, 3, 5, 6, 7, 8)  # 1: no held-out figures; 2: no refresh layers; 3-7: fields of dropped features
 # A field of a dropped feature (schemas 2-7) -> (its value when unused, the feature): ignored when unused.
 DROPPED = {"groups": ([], "layer groups (--max-groups)"), "draft_group": (0, "layer groups (--max-groups)"),
-           "score_channels": ([], "score channels (--score-channels)")}
+           "score_channels": ([], "score channels (--score-channels)"),
+           "refresh_kv_heads": ([], "refresh layers scored by some KV heads (--refresh-head-share)")}
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,6 @@ class Profile:
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
-    refresh_kv_heads: tuple[tuple[int, ...], ...] = ()  # per refresh layer, the KV heads scoring it (empty: every)
     window_search: dict = field(default_factory=dict)  # how `window` was chosen (window.py; empty: given)
     schema_version: int = SCHEMA_VERSION
 
@@ -226,8 +225,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
         if key in d and d[key] != unused:
             raise DustinError(f"{source} uses {feature}, which dustin no longer has (notes/dropped.md names the "
                               "commit that holds it): profile the pair again without it")
-    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "refresh_layers",
-                                          "refresh_kv_heads"))
+    kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "refresh_layers"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))
     kw["draft"] = ModelInfo(**_build(ModelInfo, d["draft"], f"{source}: draft"))
     for key in ("draft_heads", "target_heads"):
@@ -237,10 +235,6 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if not isinstance(refresh, list) or not all(_is(x, int) for x in refresh):
         raise DustinError(f"{source}: field refresh_layers must be a list of layer numbers")
     kw["refresh_layers"] = tuple(refresh)
-    rheads = d.get("refresh_kv_heads", [])
-    if not isinstance(rheads, list) or not all(isinstance(h, list) and all(_is(x, int) for x in h) for h in rheads):
-        raise DustinError(f"{source}: field refresh_kv_heads must be a list of KV head lists, one per refresh layer")
-    kw["refresh_kv_heads"] = tuple(tuple(h) for h in rheads)
     prof = Profile(**kw)
     if prof.gamma < 1 or prof.budget < 1 or prof.sinks < 0 or prof.window < 0:
         raise DustinError(f"{source}: gamma {prof.gamma} and budget {prof.budget} must be >= 1, sinks "
@@ -263,10 +257,6 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     if r and (r != sorted(set(r)) or r[0] < 0 or r[-1] >= prof.target.num_layers):
         raise DustinError(f"{source}: refresh_layers {r} must be distinct target layers (of "
                           f"{prof.target.num_layers}) in ascending order")
-    hs = prof.refresh_kv_heads
-    if hs and not valid_refresh_kv_heads(hs, len(r), prof.target.num_kv_heads):
-        raise DustinError(f"{source}: refresh_kv_heads {[list(h) for h in hs]} must give each of the {len(r)} refresh "
-                          f"layers one or more distinct KV heads of the target's {prof.target.num_kv_heads}, ascending")
     for who, heads, info in (("draft", prof.draft_heads, prof.draft), ("target", prof.target_heads, prof.target)):
         rep = info.num_heads // info.num_kv_heads
         for h in heads:

@@ -65,7 +65,6 @@ class SparsePlan:
     all_heads: bool = False
     draft_kv: str | None = None  # None: the profile's (else "full")
     refresh_layers: tuple[int, ...] = ()  # dustin: layers re-selecting the set inside the verification pass
-    refresh_kv_heads: tuple[tuple[int, ...], ...] = ()  # the profile's KV heads per refresh layer (empty: every)
 
     def config(self, target, draft, infos=None) -> SparseConfig | None:
         """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
@@ -85,7 +84,7 @@ class SparsePlan:
         else:
             cfg = SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, draft_kv=kv or "full")
         if self.refresh_layers:
-            cfg = replace(cfg, refresh_layers=self.refresh_layers, refresh_kv_heads=self.refresh_kv_heads)
+            cfg = replace(cfg, refresh_layers=self.refresh_layers)
         cfg.check_models(target.model.cfg, draft.model.cfg)
         return cfg
 
@@ -95,7 +94,7 @@ class SparsePlan:
             return {"policy": self.policy}
         # fields at their defaults are left out: keys of records made before they existed hold
         sparse = {k: v for k, v in asdict(cfg).items()
-                  if k != "source" and not (k in ("refresh_layers", "refresh_kv_heads") and not v)}
+                  if k != "source" and not (k == "refresh_layers" and not v)}
         return {"policy": self.policy, "sparse": sparse, "all_heads": self.all_heads,
                 "profile": self.profile.content if self.profile else None}
 
@@ -107,13 +106,11 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
     (a profile that holds some, or --all-heads), budget >= sinks + window, and a draft KV mode the
     policy can draft over; refresh layers only for dustin. Sinks, window and budget
     default to the profile's, else 4, 64 and 512; draft_kv to the profile's, else full; refresh
-    layers (None) to the profile's for dustin, with the profile's KV heads per layer, else none (`()`
-    turns the profile's off); refresh layers given here are scored by every KV head."""
+    layers (None) to the profile's for dustin, else none (`()` turns the profile's off)."""
     if profile is not None and not isinstance(profile, LoadedProfile):
         profile = read_profile(profile)
-    refresh_kv_heads = ()
     if refresh_layers is None and profile is not None and policy == "dustin":
-        refresh_layers, refresh_kv_heads = profile.profile.refresh_layers, profile.profile.refresh_kv_heads
+        refresh_layers = profile.profile.refresh_layers
     refresh_layers = tuple(refresh_layers or ())
     if refresh_layers and policy != "dustin":
         raise DustinError(f"--refresh-layers: policy {policy} has no set to choose again inside the verification "
@@ -146,7 +143,7 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         if missing:
             raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads, but at budget "
                               f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
-    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv, refresh_layers, refresh_kv_heads)
+    return SparsePlan(policy, budget, sinks, window, profile, all_heads, draft_kv, refresh_layers)
 
 
 def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Path | None, sinks: int | None,

@@ -9,18 +9,7 @@ token it predicts (measured: at S = 512 on 16 x 1024 eval windows, refresh at la
 0.972 over all offsets but 1.095 at the last one, against 1.095 / 1.123 without refresh at 4k).
 Only the last offset, whose token no query of the window has seen, is free of that look-ahead. Round r scores chosen + {c} for every target layer c not chosen and
 keeps the best; the search stops at K layers or when a round's best lowers the perplexity by less
-than `MIN_GAIN` (relative). Up to `SETS_PER_PREFILL` candidates share one prefill of the context.
-
-With `--refresh-head-share F < 1` the refresh layers then drop KV heads (`greedy_heads`): a refresh
-reads one layer's keys of the KV heads that score it, so its cost is proportional to them. Each round
-removes the (layer, KV head) whose removal gives the lowest perplexity, every layer keeping one,
-until ceil(F x layers x KV heads) head-layers are left. Its objective has more tokens than the
-layer search's: the perplexity at every window offset over the last `HEAD_EVAL_TOKENS` of each
-calibration window. Every candidate chooses its set from the same queries, so the look-ahead above
-lowers them alike, and the last offset alone (64 tokens a window) was too noisy to rank heads:
-measured (H200, SmolLM2 pair, 4 calibration windows, share 0.5), that objective kept L7: KV 2 and
-L17: KV 1, 2, 1.0757 on calibration but 1.091 vs 1.031 with every head on the held-out windows, and
-1.0535 vs 1.0344 (4k) / 1.049 vs 1.039 (8k) on 16 eval windows x 1024."""
+than `MIN_GAIN` (relative). Up to `SETS_PER_PREFILL` candidates share one prefill of the context."""
 
 from __future__ import annotations
 
@@ -33,11 +22,11 @@ from dustin_runtime.sparse.config import SparseConfig
 
 MIN_GAIN = 0.01  # least relative perplexity gain of one more refresh layer (1%: the fidelity goal's scale)
 EVAL_TOKENS = 320  # scored tokens per window (rounded down to whole verification windows of gamma + 1)
-HEAD_EVAL_TOKENS = 1024  # scored tokens per window of the head search (every offset)
+HEAD_EVAL_TOKENS = 1024  # scored tokens per window of the window search (every offset)
 SETS_PER_PREFILL = 8  # layer sets scored per shared prefill: each run's policy keeps its copy of the cache alive
 
-# A refresh set: its layers, each an int (every KV head scores it) or (layer, KV heads); None: full attention.
-RefreshSet = tuple[int | tuple[int, tuple[int, ...]], ...]
+# A refresh set: its layers (every KV head scores each); None: full attention.
+RefreshSet = tuple[int, ...]
 Score = Callable[[Sequence[RefreshSet | None]], list[float]]  # refresh sets -> NLL per token
 ConfigScore = Callable[[Sequence[SparseConfig | None]], list[float]]  # dustin's configs -> NLL per token
 
@@ -94,17 +83,10 @@ def config_scorer(target, draft, sequences: list[list[int]], gamma: int, tokens:
 def nll_scorer(target, draft, cfg, sequences: list[list[int]], gamma: int, tokens: int = EVAL_TOKENS,
                prefill_chunk: int = 2048, offsets: str = "last") -> Score:
     """`score(sets)`: `config_scorer`'s NLL per token under full attention (None) or dustin's set
-    `cfg` refreshed at each set's layers by their KV heads (`()`: no refresh)."""
+    `cfg` refreshed at each set's layers (`()`: no refresh)."""
     by_config = config_scorer(target, draft, sequences, gamma, tokens, prefill_chunk, offsets)
-    kv = target.cfg.num_kv_heads
-    return lambda sets: by_config([None if s is None else with_refresh(cfg, s, kv) for s in sets])
-
-
-def with_refresh(cfg, refresh: RefreshSet, kv_heads: int):
-    """`cfg` refreshed at `refresh`'s layers, each scored by its KV heads (of `kv_heads`)."""
-    spec = dict(sorted((x, tuple(range(kv_heads))) if isinstance(x, int) else (x[0], tuple(x[1])) for x in refresh))
-    every = all(h == tuple(range(kv_heads)) for h in spec.values())
-    return replace(cfg, refresh_layers=tuple(spec), refresh_kv_heads=() if every else tuple(spec.values()))
+    return lambda sets: by_config([None if s is None else replace(cfg, refresh_layers=tuple(sorted(s)))
+                                   for s in sets])
 
 
 def last_offset_nll(res, gamma: int) -> float:
@@ -141,57 +123,7 @@ def greedy_refresh(score: Score, candidates: Sequence[int], max_refresh: int,
     return RefreshSearch(tuple(sorted(chosen)), math.exp(best - full), math.exp(base - full), rounds, stop)
 
 
-def heldout_ratios(score: Score, layers: tuple[int, ...], kv_heads: tuple[tuple[int, ...], ...] = ()) -> dict:
-    """Perplexity ratios to full attention of dustin without refresh, with `layers` (every KV head)
-    and, given `kv_heads` per layer, with those."""
-    sets = [None, (), layers] + ([tuple(zip(layers, kv_heads, strict=True))] if kv_heads else [])
-    full, base, found, *kept = score(sets)
-    out = {"dustin": math.exp(base - full), "dustin + refresh": math.exp(found - full)}
-    if kept:
-        out["dustin + refresh, chosen KV heads"] = math.exp(kept[0] - full)
-    return out
-
-
-@dataclass(frozen=True)
-class HeadSearch:
-    """Per refresh layer the KV heads kept (ascending), the perplexity ratio to full attention with
-    them and with every KV head, and every round's candidates."""
-
-    kv_heads: tuple[tuple[int, ...], ...]
-    ppl_ratio: float
-    every_ratio: float
-    rounds: list[dict]
-
-
-def kept_heads(share: float, layers: int, kv_heads: int) -> int:
-    """Head-layers the refresh layers keep at `share` of layers x kv_heads: rounded up, one per layer at least."""
-    return max(layers, math.ceil(share * layers * kv_heads - 1e-9))
-
-
-def greedy_heads(score: Score, layers: Sequence[int], kv_heads: int, share: float) -> HeadSearch:
-    """Greedy removal of refresh layers' KV heads down to `kept_heads(share, ...)` (module docstring):
-    each round scores every (layer, KV head) of a layer with two or more left, removed, and drops the
-    one with the lowest NLL (ties: the earlier layer, then head). `rounds[0]` is every KV head."""
-    if not layers:
-        raise DustinError("no refresh layers to choose KV heads for")
-    if not 0 < share <= 1:
-        raise DustinError(f"refresh head share must be in (0, 1], got {share}")
-    heads = {layer: tuple(range(kv_heads)) for layer in layers}
-
-    def spec(h):
-        return tuple((layer, gs) for layer, gs in h.items())
-
-    full, every = score([None, spec(heads)])
-    rounds = [{"round": 0, "kv_heads": {str(k): list(v) for k, v in heads.items()}, "ppl_ratio": math.exp(every - full)}]
-    best = every
-    while sum(map(len, heads.values())) > kept_heads(share, len(layers), kv_heads):
-        cands = [(layer, g) for layer, gs in heads.items() if len(gs) > 1 for g in gs]
-        nlls = score([spec({**heads, layer: tuple(x for x in heads[layer] if x != g)}) for layer, g in cands])
-        i = min(range(len(cands)), key=lambda j: (nlls[j], cands[j]))
-        layer, g = cands[i]
-        rounds.append({"round": len(rounds), "removed": {"layer": layer, "kv_head": g},
-                       "candidates": [{"layer": c[0], "kv_head": c[1], "ppl_ratio": math.exp(n - full)}
-                                      for c, n in zip(cands, nlls, strict=True)]})
-        heads[layer] = tuple(x for x in heads[layer] if x != g)
-        best = nlls[i]
-    return HeadSearch(tuple(heads.values()), math.exp(best - full), math.exp(every - full), rounds)
+def heldout_ratios(score: Score, layers: tuple[int, ...]) -> dict:
+    """Perplexity ratios to full attention of dustin without refresh and with `layers`."""
+    full, base, found = score([None, (), layers])
+    return {"dustin": math.exp(base - full), "dustin + refresh": math.exp(found - full)}

@@ -71,7 +71,6 @@ class ProfileConfig:
     m_points: int = 9
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
-    refresh_head_share: float = 1.0  # share of the refresh layers' KV heads kept (refresh.greedy_heads; 1: every)
     window_grid: tuple[int, ...] = ()  # recent windows to choose among by perplexity (window.py; empty: --window)
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
@@ -107,10 +106,6 @@ class ProfileConfig:
             raise DustinError("--heldout-windows must be >= 0")
         if self.max_refresh < 0:
             raise DustinError(f"--max-refresh must be >= 0, got {self.max_refresh}")
-        if not 0 < self.refresh_head_share <= 1 or not math.isfinite(self.refresh_head_share):
-            raise DustinError(f"--refresh-head-share must be in (0, 1], got {self.refresh_head_share}")
-        if self.refresh_head_share < 1 and not self.max_refresh:
-            raise DustinError("--refresh-head-share keeps some KV heads of the refresh layers: give --max-refresh too")
         if self.window_grid:
             check_grid(self.window_grid, self.budget, self.sinks)
         if not math.isfinite(self.epsilon) or self.epsilon < 0:
@@ -458,29 +453,9 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
               "scored_tokens": rf.scored_tokens(total, cfg.gamma), "windows": len(calib_windows),
               "stop": found.stop, "ppl_ratio": found.ppl_ratio, "ppl_ratio_without": found.base_ratio,
               "rounds": found.rounds}
-    kv_heads = ()
-    if found.layers and cfg.refresh_head_share < 1:
-        def head_scorer(ws):
-            return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.HEAD_EVAL_TOKENS,
-                                 cfg.prefill_chunk, offsets="all")
-
-        heads = rf.greedy_heads(head_scorer(calib_windows), found.layers, target.cfg.num_kv_heads,
-                                cfg.refresh_head_share)
-        kv_heads = heads.kv_heads
-        record["kv_heads"] = {"share": cfg.refresh_head_share, "kept": sum(map(len, kv_heads)),
-                              "objective": "teacher-forced perplexity ratio to full attention at every offset of the "
-                                           "verification windows over the last scored_tokens of each calibration "
-                                           "prose window",
-                              "scored_tokens": rf.scored_tokens(total, cfg.gamma, rf.HEAD_EVAL_TOKENS),
-                              "of": len(found.layers) * target.cfg.num_kv_heads, "chosen": [list(h) for h in kv_heads],
-                              "ppl_ratio": heads.ppl_ratio, "ppl_ratio_every_head": heads.every_ratio,
-                              "rounds": heads.rounds}
     if held_windows:
-        record["heldout"] = {"windows": len(held_windows),
-                             **rf.heldout_ratios(scorer(held_windows), found.layers, kv_heads)}
-        if kv_heads:  # the head search's objective on the held-out windows
-            record["kv_heads"]["heldout"] = rf.heldout_ratios(head_scorer(held_windows), found.layers, kv_heads)
-    return replace(prof, refresh_layers=found.layers, refresh_search=record, refresh_kv_heads=kv_heads)
+        record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers)}
+    return replace(prof, refresh_layers=found.layers, refresh_search=record)
 
 
 def _search_window(prof: Profile, cfg: ProfileConfig, target, draft, calib_windows, held_windows, sweep_at) -> Profile:
@@ -494,7 +469,7 @@ def _search_window(prof: Profile, cfg: ProfileConfig, target, draft, calib_windo
     sweeps = {w: sweep_at(w) for w in sorted({*cfg.window_grid, prof.window})}  # {window: {budget: (ARR, m)}}
     variants = {w: replace(prof, window=w, m=sw[cfg.budget][1], m_by_budget={b: mb for b, (_, mb) in sw.items()})
                 for w, sw in sweeps.items()}
-    configs = {w: replace(p.to_sparse_config(), refresh_layers=p.refresh_layers, refresh_kv_heads=p.refresh_kv_heads)
+    configs = {w: replace(p.to_sparse_config(), refresh_layers=p.refresh_layers)
                for w, p in variants.items()}
 
     def scorer(ws):

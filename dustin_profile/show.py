@@ -112,14 +112,6 @@ def render(prof: Profile, folder: Path | None = None) -> list:
                                        f"{_ratio(rs, 'ppl_ratio_without')} without"
                                        + (f"; held out {_ratio(held, 'dustin + refresh')} vs "
                                           f"{_ratio(held, 'dustin')}" if held else "")))
-    if prof.refresh_kv_heads:
-        kh = _sub(rs, "kv_heads")
-        rows.append(("refresh KV heads", ", ".join(f"L{layer}: {list(h)}" for layer, h in
-                                                   zip(prof.refresh_layers, prof.refresh_kv_heads, strict=True))
-                     + f" of {prof.target.num_kv_heads}; ppl ratio (every offset) {_ratio(kh, 'ppl_ratio')} vs "
-                       f"{_ratio(kh, 'ppl_ratio_every_head')} with every KV head"
-                     + (f"; held out {_ratio(hk, 'dustin + refresh, chosen KV heads')} vs "
-                        f"{_ratio(hk, 'dustin + refresh')}" if (hk := _sub(kh, "heldout")) else "")))
     ws = prof.window_search
     if ws.get("skipped"):
         rows.append(("recent window search", f"not searched: {ws['skipped']}"))

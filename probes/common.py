@@ -30,7 +30,7 @@ def smollm2_windows(windows: int, context: int, eval_tokens: int, split: str = "
     prof = load_profile("profiles/smollm2-draft.json")
     cfg = prof.to_sparse_config(512)
     if refresh:
-        cfg = replace(cfg, refresh_layers=prof.refresh_layers, refresh_kv_heads=prof.refresh_kv_heads)
+        cfg = replace(cfg, refresh_layers=prof.refresh_layers)
     wins = list(iter_windows(t.tokenizer, gutenberg_split(split), context + eval_tokens, max_windows=windows,
                              max_windows_per_book=1))
     return t.model, d.model, cfg, wins

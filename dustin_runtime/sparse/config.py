@@ -33,9 +33,7 @@ class SparseConfig:
     `refresh_layers`: target layers at which the verification pass chooses the set
     again, from the current queries of every KV head of that layer (scored as the pass reaches it);
     that layer and the following ones attend the new set, the earlier ones the set chosen before
-    the pass. Each refresh reads one layer's keys. `refresh_kv_heads` (a profile's, or empty: every KV
-    head): per refresh layer, the KV heads that score it (each with all its query heads); fewer heads
-    read fewer keys (`dustin profile --refresh-head-share`)."""
+    the pass. Each refresh reads one layer's keys."""
 
     budget: int
     sinks: int = DEFAULT_SINKS
@@ -48,7 +46,6 @@ class SparseConfig:
     draft_kv: str = "full"
     source: str = ""  # where it came from (a profile path, "all heads", ...), for records
     refresh_layers: tuple[int, ...] = ()
-    refresh_kv_heads: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         if self.sinks < 0 or self.window < 0:
@@ -60,10 +57,6 @@ class SparseConfig:
             r = list(self.refresh_layers)
             if r != sorted(set(r)) or r[0] < 0:
                 raise DustinError(f"refresh layers must be distinct layer numbers >= 0 in ascending order, got {r}")
-        if self.refresh_kv_heads and not valid_refresh_kv_heads(self.refresh_kv_heads, len(self.refresh_layers)):
-            raise DustinError(f"refresh KV heads must list, for each of the {len(self.refresh_layers)} refresh "
-                              f"layers, one or more distinct KV heads >= 0 in ascending order, got "
-                              f"{list(self.refresh_kv_heads)}")
         if not 0 <= self.m <= self.free:
             raise DustinError(f"m = {self.m} is outside [0, budget - sinks - window = {self.free}]")
         if self.aggregation not in ("sum", "max"):
@@ -82,10 +75,9 @@ class SparseConfig:
         return self.budget - self.sinks - self.window
 
     def refresh_heads(self, cfg: ModelConfig) -> dict[int, tuple[Head, ...]]:
-        """Refresh layer -> the heads (layer, kv_head, query_heads) that score it, of target `cfg`."""
-        kv = dict(zip(self.refresh_layers, self.refresh_kv_heads, strict=True)) if self.refresh_kv_heads else {}
-        return {layer: tuple(h for h in every_head(cfg) if h[0] == layer and (layer not in kv or h[1] in kv[layer]))
-                for layer in self.refresh_layers}
+        """Refresh layer -> the heads (layer, kv_head, query_heads) that score it (every KV head of the
+        layer), of target `cfg`."""
+        return {layer: tuple(h for h in every_head(cfg) if h[0] == layer) for layer in self.refresh_layers}
 
     def with_budget(self, budget: int, m: int | None = None) -> SparseConfig:
         """The same heads at another budget; m scaled to keep its share of the free rows unless given."""
@@ -100,11 +92,6 @@ class SparseConfig:
         if self.refresh_layers and self.refresh_layers[-1] >= target.num_layers:
             raise DustinError(f"refresh layer {self.refresh_layers[-1]} is past the target's {target.num_layers} "
                               f"layers (0..{target.num_layers - 1})")
-        bad = [(layer, h) for layer, hs in zip(self.refresh_layers, self.refresh_kv_heads, strict=False) for h in hs
-               if h >= target.num_kv_heads]
-        if bad:
-            raise DustinError(f"refresh layer {bad[0][0]}: KV head {bad[0][1]} is past the target's "
-                              f"{target.num_kv_heads} KV heads")
         for who, heads, cfg in (("draft", self.draft_heads, draft), ("target", self.target_heads, target)):
             for layer, kv, qh in heads:
                 if not (0 <= layer < cfg.num_layers and 0 <= kv < cfg.num_kv_heads):
@@ -133,13 +120,6 @@ class SparseConfig:
             budget=budget, sinks=sinks, window=window, m=free // 2 if m is None else m,
             draft_heads=every_head(draft), target_heads=every_head(target), source="all heads",
         )
-
-
-def valid_refresh_kv_heads(heads, layers: int, kv_heads: int | None = None) -> bool:
-    """Whether `heads` gives each of `layers` refresh layers a non-empty ascending list of distinct KV
-    heads >= 0 (and < kv_heads, when given)."""
-    return len(heads) == layers and all(h and list(h) == sorted(set(h)) and h[0] >= 0
-                                        and (kv_heads is None or h[-1] < kv_heads) for h in heads)
 
 
 def scale_m(m: int, free: int, new_free: int) -> int:

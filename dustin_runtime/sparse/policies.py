@@ -524,8 +524,6 @@ class SignalPolicy(SparsePolicy):
         out = {**super().summary(), "m": self.m}
         if self.cfg.refresh_layers:
             out["refresh_layers"] = list(self.cfg.refresh_layers)
-            if self.cfg.refresh_kv_heads:
-                out["refresh_kv_heads"] = [list(h) for h in self.cfg.refresh_kv_heads]
         return out
 
 

@@ -91,8 +91,6 @@ def test_config_refuses_bad_settings(kw, match):
     (dict(policies=("dustin-r",), refresh_layers=(9, 28)), "refresh layer 28 is past the target's 28 layers"),
     (dict(policies=("dustin-r",), refresh_layers=(18, 9)), "ascending order"),
     (dict(policies=("streamingllm-r",), refresh_layers=(9,)), "unknown policies"),
-    (dict(policies=("dustin-r",), refresh_kv_heads=2), "give --refresh-layers"),
-    (dict(policies=("dustin-r",), refresh_layers=(9,), refresh_kv_heads=5), r"outside \[0, 4\]"),
 ])
 def test_config_refuses_bad_refresh_layers(kw, match):
     with pytest.raises(DustinError, match=match):
@@ -117,22 +115,18 @@ def tiny_pair(batch=2, seed=0):
                 random_model(d, dtype=torch.float32, device="cpu", seed=seed + 1), "t", "d", False, prompts)
 
 
-@pytest.mark.parametrize("policy, refresh, draft_kv, kv_heads", [
-    ("dustin", (), "full", 0), ("dustin-r", (1,), "full", 0), ("dustin-vs-r", (1, 2), "verify-set", 0),
-    ("dustin-r", (1, 2), "full", 1)])
-def test_run_applies_refresh_layers_to_the_r_policies(policy, refresh, draft_kv, kv_heads):
+@pytest.mark.parametrize("policy, refresh, draft_kv", [
+    ("dustin", (), "full"), ("dustin-r", (1,), "full"), ("dustin-vs-r", (1, 2), "verify-set")])
+def test_run_applies_refresh_layers_to_the_r_policies(policy, refresh, draft_kv):
     cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=24, sinks=2, window=4, m=4,
-                    srh=2, draft_srh=1, new_tokens=6, policies=(policy,), refresh_layers=(1, 2) if refresh else (),
-                    refresh_kv_heads=kv_heads)
+                    srh=2, draft_srh=1, new_tokens=6, policies=(policy,), refresh_layers=(1, 2) if refresh else ())
     pair = tiny_pair()
     scfg = sparse_config(cfg, pair)
     eng = Engine(pair.target, pair.draft)
     res = _run(pair, eng, policy, cfg, scfg, None)
     hooks = eng.last.objs["hooks"]
     assert hooks.cfg.refresh_layers == ((1, 2) if refresh else ()) and hooks.cfg.draft_kv == draft_kv
-    assert hooks.cfg.refresh_kv_heads == (((0,), (0,)) if kv_heads else ())  # the first K of each refresh layer
-    ref = make_policy("dustin", replace(scfg, refresh_layers=hooks.cfg.refresh_layers, draft_kv=draft_kv,
-                                        refresh_kv_heads=hooks.cfg.refresh_kv_heads),
+    ref = make_policy("dustin", replace(scfg, refresh_layers=hooks.cfg.refresh_layers, draft_kv=draft_kv),
                       target=pair.target, draft=pair.draft)
     want = speculative_generate(pair.target, pair.draft, pair.prompts, 6, gamma=2, hooks=ref, cuda_graphs=False)
     assert res.tokens == want.tokens and res.stats.accepted == want.stats.accepted
@@ -148,5 +142,3 @@ def test_byte_floor_adds_the_keys_of_each_refresh_layer():
     assert refreshed["bytes"] - plain["bytes"] == 2 * cfg.batch * cfg.context * t.num_kv_heads * t.head_dim * 2
     assert byte_floor(pair, "dustin-vs-r", cfg, scfg, 1.0)["bytes"] - byte_floor(pair, "dustin-vs", cfg, scfg, 1.0)[
         "bytes"] == refreshed["bytes"] - plain["bytes"]
-    half = byte_floor(pair, "dustin-r", replace(cfg, refresh_kv_heads=1), scfg, 1.0)  # 1 of the 2 KV heads
-    assert half["bytes"] - plain["bytes"] == (refreshed["bytes"] - plain["bytes"]) // 2

@@ -71,6 +71,7 @@ def test_schema_1_loads_unchanged(tmp_path):
     ("groups", [], [{"start": 0, "stop": 1}, {"start": 1, "stop": 2}], "layer groups"),
     ("draft_group", 0, 1, "layer groups"),
     ("score_channels", [], [[[0]], [[1]]], "score channels"),
+    ("refresh_kv_heads", [], [[0]], "refresh layers scored by some KV heads"),
 ])
 def test_fields_of_dropped_features_ignored_when_unused_refused_when_used(tmp_path, field, unused, used, feature):
     """A schema-7 profile loads with a dropped feature's field at its unused value (the field is

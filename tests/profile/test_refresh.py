@@ -45,7 +45,7 @@ def setup(made, loaded):
 def test_profile_records_the_search(made):
     cfg, res = made
     p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 8 and p.refresh_kv_heads == ()
+    assert p.schema_version == SCHEMA_VERSION == 8
     s = p.refresh_search
     assert len(p.refresh_layers) <= cfg.max_refresh and all(0 <= x < 3 for x in p.refresh_layers)
     assert list(p.refresh_layers) == sorted(set(p.refresh_layers))
@@ -89,7 +89,6 @@ def test_round_one_is_the_best_single_layer(setup, monkeypatch):
 
 def test_scored_tokens():
     assert rf.scored_tokens(4101, 4) == 320 and rf.scored_tokens(4101, 4, 64) == 60
-    assert rf.scored_tokens(4101, 4, rf.HEAD_EVAL_TOKENS) == 1020  # the head search's, at 4k
     assert rf.scored_tokens(164, 3, 64) == 64 and rf.scored_tokens(12, 3) == 4
     with pytest.raises(DustinError):
         rf.scored_tokens(8, 3)
@@ -160,139 +159,21 @@ def test_last_offset_nll_counts_whole_windows_only():
     assert rf.last_offset_nll(r, 4) == pytest.approx((6.0 + 3.0) / (2 + 1))  # 10 tokens: 2 windows, 8: 1
 
 
-@pytest.fixture(scope="module")
-def made_heads(models, calib_text, tmp_path_factory):
-    """The same search with --refresh-head-share 0.5 (2 KV heads a layer: one kept per refresh layer),
-    each refresh layer taken whatever it gains (the tiny target's gain nothing), and without it."""
-    cfg = config(models, calib_text, tmp_path_factory.mktemp("heads") / "p.json", refresh_head_share=0.5)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rf, "MIN_GAIN", -math.inf)
-        every = run_profile(replace(cfg, refresh_head_share=1.0, out=cfg.out.replace("p.json", "every.json")),
-                            console=Console(file=io.StringIO()))
-        return cfg, run_profile(cfg, console=Console(file=io.StringIO())), every
-
-
-def test_profile_records_the_kv_heads_of_its_refresh_layers(made_heads, loaded):
-    cfg, res, every = made_heads
-    p = res.profile
-    assert p.schema_version == SCHEMA_VERSION == 8
-    assert p.refresh_layers == every.profile.refresh_layers and len(p.refresh_layers) == 2  # the same search first
-    assert every.profile.refresh_kv_heads == () and "kv_heads" not in every.profile.refresh_search
-    kh = p.refresh_search["kv_heads"]
-    assert len(p.refresh_kv_heads) == len(p.refresh_layers) and all(len(h) == 1 for h in p.refresh_kv_heads)
-    assert kh["kept"] == rf.kept_heads(0.5, len(p.refresh_layers), 2) == len(p.refresh_layers)
-    assert kh["chosen"] == [list(h) for h in p.refresh_kv_heads] and kh["share"] == 0.5
-    assert kh["ppl_ratio_every_head"] == kh["rounds"][0]["ppl_ratio"]
-    assert set(kh["heldout"]) == {"dustin", "dustin + refresh", "dustin + refresh, chosen KV heads"}
-    target, draft, sparse, seqs = loaded(cfg, res.profile)  # the search's objective: every offset, more tokens
-    full, whole = rf.nll_scorer(target, draft, sparse, seqs, GAMMA, rf.HEAD_EVAL_TOKENS,
-                                offsets="all")([None, p.refresh_layers])
-    assert kh["ppl_ratio_every_head"] == pytest.approx(math.exp(whole - full), rel=1e-9)
-    assert kh["scored_tokens"] == rf.scored_tokens(len(seqs[0]), GAMMA, rf.HEAD_EVAL_TOKENS)
-    last = kh["rounds"][-1]
-    assert kh["ppl_ratio"] == pytest.approx(min(c["ppl_ratio"] for c in last["candidates"]), rel=1e-12)
-    assert len(kh["rounds"]) == 1 + len(p.refresh_layers)  # one removal per round
-    assert set(p.refresh_search["heldout"]) == {"windows", "dustin", "dustin + refresh",
-                                                "dustin + refresh, chosen KV heads"}
-    assert load_profile(res.path) == p
-    target = pipeline.load(cfg.target, dtype=torch.float32, device="cpu")
-    draft = pipeline.load(cfg.draft, dtype=torch.float32, device="cpu")
-    run = plan_sparse("dustin", res.path, None, None, None).config(target, draft)
-    assert run.refresh_layers == p.refresh_layers and run.refresh_kv_heads == p.refresh_kv_heads
-    told = plan_sparse("dustin", res.path, None, None, None, refresh_layers=(0,)).config(target, draft)
-    assert told.refresh_layers == (0,) and told.refresh_kv_heads == ()  # layers given: every KV head
-    assert plan_sparse("dustin", res.path, None, None, None, refresh_layers=()).config(target, draft).refresh_kv_heads == ()
-    from dustin_profile.show import render
-
-    text = io.StringIO()
-    for r in render(p):
-        Console(file=text, width=300).print(r)
-    assert "refresh KV heads" in text.getvalue() and f"L{p.refresh_layers[0]}: {list(p.refresh_kv_heads[0])}" in \
-        text.getvalue()
-
-
-def test_greedy_heads_drops_the_cheapest_head_each_round():
-    """A made-up objective: removing KV head g of layer l costs cost[l][g] (additive); the search drops
-    the cheapest head of a layer with two or more left each round, down to ceil(share x heads)."""
-    cost = {3: [0.5, 0.1, 0.3], 7: [0.2, 0.05, 0.4]}
-    seen = []
-
-    def score(sets):
-        seen.append(len(sets))
-        out = []
-        for s in sets:
-            if s is None:
-                out.append(0.0)
-                continue
-            kept = dict(s)
-            out.append(1.0 + sum(c for layer, cs in cost.items() for g, c in enumerate(cs) if g not in kept[layer]))
-        return out
-
-    found = rf.greedy_heads(score, (3, 7), 3, 0.5)
-    assert rf.kept_heads(0.5, 2, 3) == 3
-    assert [r["removed"] for r in found.rounds[1:]] == [{"layer": 7, "kv_head": 1}, {"layer": 3, "kv_head": 1},
-                                                         {"layer": 7, "kv_head": 0}]
-    assert found.kv_heads == ((0, 2), (2,)) and seen == [2, 6, 5, 4]  # layer 7 down to one: no candidates there
-    assert found.every_ratio == pytest.approx(math.e) and found.ppl_ratio == pytest.approx(math.exp(1.35))
-    assert rf.greedy_heads(score, (3, 7), 3, 1.0).kv_heads == ((0, 1, 2), (0, 1, 2))
-    assert rf.greedy_heads(score, (3, 7), 3, 0.01).kv_heads == ((0,), (2,))  # one per layer at least
-    assert rf.kept_heads(0.5, 2, 8) == 8 and rf.kept_heads(0.3, 2, 3) == 2 and rf.kept_heads(1 / 3, 3, 3) == 3
-    for bad in (0.0, 1.5):
-        with pytest.raises(DustinError, match="share"):
-            rf.greedy_heads(score, (3,), 3, bad)
-
-
-def test_head_sets_score_as_their_own_runs(setup):
-    """A (layer, KV heads) set in the search's shared run scores what dustin refreshed by those heads
-    scores in a teacher-forced run of its own; every KV head listed is the plain layer."""
+def test_layer_sets_score_as_their_own_runs(setup):
+    """A refresh set in the search's shared run scores what dustin refreshed at those layers scores
+    in a teacher-forced run of its own (the order a set lists its layers in does not matter)."""
     target, draft, sparse, seqs = setup
     context = len(seqs[0]) - rf.scored_tokens(len(seqs[0]), GAMMA)
     score = rf.nll_scorer(target, draft, sparse, seqs, GAMMA)
-    got = score([None, ((1, (0,)), 2), ((1, (1,)), (2, (0,))), ((1, (0, 1)),), (1,)])
-    runs = [None] + [make_policy("dustin", replace(sparse, refresh_layers=layers, refresh_kv_heads=heads),
-                                 target=target, draft=draft)
-                     for layers, heads in (((1, 2), ((0,), (0, 1))), ((1, 2), ((1,), (0,))), ((1,), ()))]
+    got = score([None, (1, 2), (1,), (2,), (2, 1)])
+    runs = [None] + [make_policy("dustin", replace(sparse, refresh_layers=layers), target=target, draft=draft)
+                     for layers in ((1, 2), (1,), (2,))]
     own = [rf.last_offset_nll(r, GAMMA) for r in teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA,
                                                                       hooks=runs)]
-    assert got[:4] == pytest.approx(own, rel=1e-9) and got[3] == got[4]
+    assert got[:4] == pytest.approx(own, rel=1e-9) and got[1] == got[4]
     res = teacher_forced_nll(target, draft, seqs, context, gamma=GAMMA, hooks=runs[:2])
-    every = rf.nll_scorer(target, draft, sparse, seqs, GAMMA, offsets="all")([None, ((1, (0,)), 2)])
+    every = rf.nll_scorer(target, draft, sparse, seqs, GAMMA, offsets="all")([None, (1, 2)])
     assert every == pytest.approx([sum(r.nll) / sum(r.tokens) for r in res], rel=1e-9)
     with pytest.raises(DustinError, match="offsets"):
         rf.nll_scorer(target, draft, sparse, seqs, GAMMA, offsets="first")
-    assert len(set(got[1:4])) == 3  # the heads change the set
-    assert rf.with_refresh(sparse, ((1, (0, 1)), 2), 2).refresh_kv_heads == ()
-
-
-def test_bad_refresh_head_share_refused(models, calib_text, tmp_path, run_cli, assert_one_line_error):
-    args = ("profile", "--target", models["other"], "--draft", models["draft"], "--calib", calib_text,
-            "--context", "128", "--windows", "1", "--budget", "40", "--gamma", "2", "--sinks", "2", "--window", "8",
-            "--budgets", "40", "--out", tmp_path / "p.json")
-    assert_one_line_error(run_cli(*args, "--refresh-head-share", "0.5"), "give --max-refresh too", code=2)
-    for bad in ("0", "1.5", "nan"):
-        assert_one_line_error(run_cli(*args, "--max-refresh", "1", "--refresh-head-share", bad),
-                              "--refresh-head-share must be in (0, 1]", code=2)
-    assert not (tmp_path / "p.json").exists()
-
-
-@pytest.mark.parametrize("value,needle", [([[0]], "one or more distinct KV heads"), ([[2]], "one or more distinct"),
-                                          ([[1, 0]], "ascending"), ([[]], "one or more"),
-                                          ([0], "must be a list of KV head lists"),
-                                          ([[True]], "must be a list of KV head lists")])
-def test_bad_refresh_kv_heads_refused(made, tmp_path, value, needle):
-    _, res = made
-    d = json.loads(replace(res.profile, refresh_layers=(0, 2)).to_json())
-    d["refresh_kv_heads"] = value
-    (tmp_path / "p.json").write_text(json.dumps(d))
-    with pytest.raises(DustinError) as e:
-        load_profile(tmp_path / "p.json")
-    assert needle in str(e.value) and "\n" not in str(e.value)
-
-
-def test_schema_5_profiles_refresh_with_every_kv_head(made_heads, tmp_path):
-    _, res, _ = made_heads
-    d = json.loads(res.profile.to_json())
-    d.pop("refresh_kv_heads")
-    (tmp_path / "v5.json").write_text(json.dumps({**d, "schema_version": 5}))
-    p = load_profile(tmp_path / "v5.json")
-    assert p.refresh_layers == res.profile.refresh_layers and p.refresh_kv_heads == ()
+    assert len(set(got[1:4])) == 3  # the layers change the set

@@ -40,16 +40,14 @@ def logits(tp, target: str, prompts: list[list[int]]) -> dict:
 def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "full", budget: int | None = None,
          target_heads=None, draft_heads=None, m: int = 0, temperature: float = 0.0, top_p: float = 1.0,
          gamma: int = 3, max_new: int = 10, measure_arr: bool = False, trace: bool = False, seed: int = 0,
-         eos: tuple = (), draft_kv: str = "full", refresh_layers=(),
-         refresh_kv_heads=()) -> dict:
+         eos: tuple = (), draft_kv: str = "full", refresh_layers=()) -> dict:
     """Speculative decoding through one policy: tokens, accepted counts, the sets chosen, ARR."""
     t, _ = load_model(target, tp=tp)
     d, _ = load_model(draft)
     cfg = None
     if budget is not None:
         cfg = SparseConfig(budget=budget, sinks=2, window=4, m=m, target_heads=_heads(target_heads),
-                           draft_heads=_heads(draft_heads), draft_kv=draft_kv, refresh_layers=tuple(refresh_layers),
-                           refresh_kv_heads=tuple(tuple(h) for h in refresh_kv_heads))
+                           draft_heads=_heads(draft_heads), draft_kv=draft_kv, refresh_layers=tuple(refresh_layers))
     hooks = make_policy(policy, cfg, target=t, draft=d, measure_arr=measure_arr)
     if trace:
         hooks.trace = []
