@@ -101,14 +101,14 @@ bench-e2e-smollm2: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
 		--new-tokens 256 --policies ar,full,dustin-vs --alphas ''
 
-# Verification sets across tensor-parallel ranks: shared vs per KV head, 3 CPU ranks (gloo), and one process
+# The verification set across tensor-parallel ranks (one set per sequence, shared by every rank), 3 CPU
+# ranks (gloo), and one process
 TP_SELECTION = --target smollm2 --draft models/smollm2-draft --profile profiles/smollm2-draft.json --contexts 4096 \
 	--windows 3 --max-new-tokens 32 --budgets 256,512 --policies dustin --no-paired --out-dir results/tp-selection
 .PHONY: repro-tp-selection
 repro-tp-selection: .stamp-install
-	for sel in shared per-kv-head; do OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc-per-node 3 \
-		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --tp-select $$sel --name smollm2-tp3-$$sel --restart \
-		|| exit 1; done
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc-per-node 3 \
+		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --name smollm2-tp3-shared --restart
 	$(PY) -m dustin.cli eval acceptance $(TP_SELECTION) --threads 1 --name smollm2-1proc --restart
 
 # SmolLM2 draft: tokenise the Gutenberg train split on CPU, distil the draft from the

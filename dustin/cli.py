@@ -93,10 +93,6 @@ Restart = Annotated[bool, typer.Option("--restart", help="Discard the records an
 TP = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_COUNT,
                                         help="Tensor-parallel ranks, one process per GPU, started by `torchrun "
                                              "--nproc-per-node N -m dustin.cli ...` (default: the launcher's).")]
-TPSelect = Annotated[str, typer.Option("--tp-select", help="Verification sets across tensor-parallel ranks: "
-                                                           "shared (one set per sequence) | per-kv-head (each rank "
-                                                           "selects for its KV heads from its retrieval heads).")]
-
 
 def _ints(text: str, option: str, minimum: int = 1, maximum: int = MAX_TOKENS) -> list[int]:
     """A comma-separated list of integers in [minimum, maximum], or one clear error naming the option."""
@@ -262,7 +258,6 @@ def bench_e2e(
     draft_lookup: DraftLookup = None,
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for e2e-<target>-<context>-<batch>[-tp<N>].json."),
     tp: TP = None,
-    tp_select: TPSelect = "shared",
 ) -> None:
     """The decoding loop users run (CUDA graphs), end to end per policy, beside vanilla and standard
     speculative decoding in the same process: ms per step, tokens/s, phases, floors, speedups."""
@@ -292,7 +287,7 @@ def bench_e2e(
         cfg.check()
     if draft_lookup is not None and tp is not None:
         raise DustinError("--draft-lookup runs in one process (not under --tp)")
-    group = _start_tp(tp, "cuda", tp_select)
+    group = _start_tp(tp, "cuda")
     for cfg in cfgs:
         b, c = cfg.batch, cfg.context
         cfg = replace(cfg, tp=1 if group is None else group.world)
@@ -462,14 +457,12 @@ def _one_process(command: str) -> None:
                           "run it without torchrun")
 
 
-def _start_tp(tp: int | None, device: str, select: str = "shared"):
+def _start_tp(tp: int | None, device: str):
     """Join the launcher's process group (tensor parallelism) or run alone (None); rank 0 writes."""
     from dustin_runtime import tp as tensor_parallel
     from dustin_runtime.io.files import share_outputs
 
-    if select not in tensor_parallel.SELECTIONS:
-        raise DustinError(f"--tp-select {select!r}: choose one of {', '.join(tensor_parallel.SELECTIONS)}")
-    group = tensor_parallel.start(tp, device, select)
+    group = tensor_parallel.start(tp, device)
     if group is not None:
         share_outputs(group.rank, group.agree)
     return group
@@ -520,7 +513,6 @@ def decode(
                                      help="Run the decoding steps as CUDA graphs (CUDA only; side measurements "
                                           "run eagerly)."),
     tp: TP = None,
-    tp_select: TPSelect = "shared",
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
     from dustin_profile.plan import plan_sparse
@@ -536,7 +528,7 @@ def decode(
     plan = plan_sparse(policy, profile, budget, sinks, window, all_heads, draft_kv, _layers(refresh_layers))
     if policy != "full" and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
-    group = _start_tp(tp, device, tp_select)
+    group = _start_tp(tp, device)
     tgt, drf = _load_pair(target, draft, dtype, device, group, draft_vocab)
     hooks = None
     if drf is not None:
@@ -582,7 +574,6 @@ def eval_acceptance(
     name: str = typer.Option("smollm2-draft", help="Result name: <out-dir>/<name>.{json,md,runs.jsonl}."),
     restart: Restart = False,
     tp: TP = None,
-    tp_select: TPSelect = "shared",
 ) -> None:
     """Mean accepted length, its retention vs full and ARR for every policy at every budget."""
     import torch
@@ -610,7 +601,7 @@ def eval_acceptance(
              for b in ints}
     if threads is not None:
         torch.set_num_threads(threads)
-    group = _start_tp(tp, device, tp_select)
+    group = _start_tp(tp, device)
     if group is not None and windows % group.world:
         raise DustinError(f"--windows {windows}: each context's windows decode as one batch, which the draft "
                           f"splits over --tp {group.world}; give a multiple of {group.world}")
@@ -627,12 +618,12 @@ def eval_acceptance(
                           f"({r['steps']} steps, {r['decode_s']:.0f} s)", highlight=False)
 
         ident = {**run_identity(tgt, drf), "all_heads": all_heads, "profile": loaded.content if loaded else None}
-        if group is not None:  # sets differ per rank with per-kv-head selection
-            ident["tp"] = {"world": group.world, "select": group.selection}
+        if group is not None:
+            ident["tp"] = {"world": group.world}
         records = acc.run_acceptance(tgt, drf, configs, cfg, runs, resume_key_extra=ident, restart=restart,
                                      on_record=show)
         extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs),
-                 "tp": None if group is None else {"world": group.world, "select": group.selection}}
+                 "tp": None if group is None else {"world": group.world}}
         if loaded is not None:
             extra["profile"] = {"path": loaded.path, "sha256": loaded.sha256}
         prov = provenance(models={"target": tgt.model_id, "draft": drf.model_id},
@@ -694,13 +685,13 @@ def _plan(policy: str, budget: str, profile, sinks, window, all_heads, draft_kv=
 
 def _bind(plans, tgt, drf, measure_arr: bool, group=None):
     """The hooks factory of the planned runs on the loaded pair, and their resume key (models,
-    dtype, device, tensor-parallel selection, each run's settings)."""
+    dtype, device, tensor-parallel world, each run's settings)."""
     from dustin_profile import plan as pl
 
     configs = pl.sparse_configs(plans, tgt, drf)
     key = {**pl.run_identity(tgt, drf), "measure_arr": measure_arr, "runs": pl.runs_key(plans, configs)}
     if group is not None:
-        key["tp"] = {"world": group.world, "select": group.selection}
+        key["tp"] = {"world": group.world}
     return pl.hooks_factory(configs, tgt, drf, measure_arr), key
 
 
@@ -731,7 +722,6 @@ def eval_pg19(
     out_dir: OutDir = Path("results/pg19"),
     restart: Restart = False,
     tp: TP = None,
-    tp_select: TPSelect = "shared",
 ) -> None:
     """Perplexity of long books when each teacher-forced verification window attends through the
     policy's set, full-cache perplexity beside it."""
@@ -744,7 +734,7 @@ def eval_pg19(
     plans = _plan(policy, budget, profile, sinks, window, all_heads, draft_kv, refresh_layers)
     books = data or gutenberg_split("eval")
     book_paths(books)  # refuses a folder without books before the models load
-    group = _start_tp(tp, device, tp_select)
+    group = _start_tp(tp, device)
     with FolderLock(out_dir):
         tgt, drf = _load_pair(target, draft, dtype, device, group)
         make, key = _bind(plans, tgt, drf, measure_arr, group)
@@ -782,7 +772,6 @@ def eval_passkey(
     out_dir: OutDir = Path("results/passkey"),
     restart: Restart = False,
     tp: TP = None,
-    tp_select: TPSelect = "shared",
 ) -> None:
     """Passkey retrieval accuracy per policy over contexts x depths, with heatmaps."""
     from rich.progress import Progress
@@ -800,7 +789,7 @@ def eval_passkey(
     if not dps or not all(0.0 <= d <= 1.0 for d in dps):
         raise DustinError(f"--depths {depths!r}: expected comma-separated numbers in [0, 1]")
     text = read_filler(filler or gutenberg_split("eval"), max_books=3)
-    group = _start_tp(tp, device, tp_select)
+    group = _start_tp(tp, device)
     with FolderLock(out_dir):
         tgt, drf = _load_pair(target, draft, dtype, device, group)
         limit = min(tgt.model.cfg.max_position_embeddings, drf.model.cfg.max_position_embeddings)
@@ -842,7 +831,6 @@ def eval_longbench(
     out_dir: OutDir = Path("results/longbench"),
     restart: Restart = False,
     tp: TP = None,
-    tp_select: TPSelect = "shared",
 ) -> None:
     """LongBench (v1, English subsets): reference prompts, truncation and metrics, greedy decoding
     through each verification policy."""
@@ -865,7 +853,7 @@ def eval_longbench(
         names = present
         if not names:
             raise DustinError(f"{data}: none of the 16 English LongBench datasets is there")
-    group = _start_tp(tp, device, tp_select)
+    group = _start_tp(tp, device)
     with FolderLock(out_dir):
         tgt, drf = _load_pair(target, draft, dtype, device, group)
         make, key = _bind(plans, tgt, drf, False, group)

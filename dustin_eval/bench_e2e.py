@@ -443,7 +443,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
                    "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
                    "refresh_layers": list(cfg.refresh_layers)},
         "copy_tbps": copy,
-        "tp": None if tp is None else {"world": tp.world, "select": tp.selection,
+        "tp": None if tp is None else {"world": tp.world,
                                        "per_rank_target_params": sum(p.numel() for p in pair.target.parameters()),
                                        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")},
         "records": records,

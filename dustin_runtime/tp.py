@@ -14,10 +14,9 @@ Layout (Megatron / gpt-fast), rank r of P:
   over its own draft cache; the drafted tokens and the draft's lookahead signal are all-gathered.
 
 Every rank runs the same loop over the same host-side control flow, so collectives match up, and
-each rank computes the same accept decision from the same gathered values. Where each rank keeps
-its own retrieval heads, `selection` says how verification sets are chosen across ranks: "shared"
-(the target-history vector [B, N] summed over ranks: every rank selects the same [B, S] set) or
-"per-kv-head" (each rank selects for its own KV heads from its own retrieval heads: no reduction).
+each rank computes the same accept decision from the same gathered values. Each rank keeps its own
+retrieval heads; the target-history vector [B, N] is summed over ranks, so every rank selects the
+same [B, S] verification set, the one a single process selects.
 """
 
 from __future__ import annotations
@@ -34,25 +33,19 @@ from dustin_runtime.sparse.config import Head
 if TYPE_CHECKING:  # torch loads with the first tensor-parallel call, not with the CLI
     import torch
 
-SELECTIONS = ("shared", "per-kv-head")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
 
 
 @dataclass(eq=False)
 class TensorParallel:
     """This process's place in a tensor-parallel group: `rank` of `world`, the process group
-    (None: the default group) and how verification sets are selected across ranks. While `record`
+    (None: the default group). While `record`
     is a list, every collective appends (kind, elements, dtype) to it (what a step sends)."""
 
     rank: int
     world: int
     group: Any = None
-    selection: str = "shared"
     record: list | None = None
-
-    def __post_init__(self):
-        if self.selection not in SELECTIONS:
-            raise DustinError(f"selection across ranks must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
 
     def span(self, n: int) -> tuple[int, int]:
         """This rank's [start, stop) of n items split evenly (n divisible by world)."""
@@ -157,7 +150,7 @@ def check_gpus(world: int, local_world: int, visible: int) -> None:
                           f"GPU{'s' if visible != 1 else ''} (one GPU per rank)")
 
 
-def start(tp: int | None, device: str, selection: str = "shared") -> TensorParallel | None:
+def start(tp: int | None, device: str) -> TensorParallel | None:
     """Join the process group that torchrun set up (NCCL on CUDA, with NVLink multicast off; gloo
     on CPU) and, on CUDA, make this rank's GPU the current device. `tp` None takes the launcher's
     world size; without a launcher `--tp 1` (or None) is a plain single process (None returned)
@@ -187,7 +180,7 @@ def start(tp: int | None, device: str, selection: str = "shared") -> TensorParal
             dist.init_process_group("nccl", device_id=local)
     elif not dist.is_initialized():
         dist.init_process_group("gloo")
-    return TensorParallel(rank, world, None, selection)
+    return TensorParallel(rank, world, None)
 
 
 def finish() -> None:

@@ -384,8 +384,8 @@ class TPRunner:
     def _read(self, req: dict, rank: int, what: str) -> str:
         return (Path(req["dir"]) / f"rank{rank}.{what}").read_text()
 
-    def case(self, name: str, world: int, selection: str = "shared", timeout: int = 120, **kwargs) -> list:
-        req = {"world": world, "case": name, "kwargs": kwargs, "selection": selection, "timeout": timeout}
+    def case(self, name: str, world: int, timeout: int = 120, **kwargs) -> list:
+        req = {"world": world, "case": name, "kwargs": kwargs, "timeout": timeout}
         rc = self._ask(req)
         for r, code in enumerate(rc):
             assert code == 0, f"rank {r} exited {code}:\n{self._read(req, r, 'err')}"

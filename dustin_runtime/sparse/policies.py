@@ -20,9 +20,8 @@ own chunk, so every policy starts from the same cache. Draft and target must sha
 
 Under tensor parallelism (`target.tp`) each rank scores with the target retrieval heads on its own
 KV heads (`tp.local_heads`) and the draft's lookahead over its own draft rows; the lookahead
-signal is all-gathered and the history summed over ranks (`tp.selection` "shared": every rank
-selects the same [B, S] set), or kept per rank ("per-kv-head": each rank's set serves its KV
-heads). Quest's sets are per KV head already; ARR is averaged over ranks.
+signal is all-gathered and the history summed over ranks: every rank selects the same [B, S] set.
+Quest's sets are per KV head already; ARR is averaged over ranks.
 """
 
 from __future__ import annotations
@@ -202,8 +201,7 @@ class SparsePolicy(SpecHooks):
         self.drafting: _DraftBackend | None = None  # the draft backend, once built
         self.shadow_tokens: torch.Tensor | None = None  # this step's shadow drafts (paired drafting)
         self.tp = target.tp
-        self.per_rank = self.tp is not None and self.tp.selection == "per-kv-head"
-        if cfg.draft_kv == "verify-set" and (not self.shared_set or self.per_rank):
+        if cfg.draft_kv == "verify-set" and not self.shared_set:
             raise DustinError(f"policy {self.name} chooses a set per layer and KV head: the draft cannot draft "
                               f"over it (use --draft-kv full)")
 
@@ -362,11 +360,6 @@ class SetSignals:
                                          policy.dcache.k[0].dtype, device, c.aggregation, policy.ops)
                           if self.use_draft else None)
         heads = local_heads(c.target_heads, tp, policy.target.cfg)
-        if policy.per_rank and self.use_target:  # every rank must have target heads of its own
-            empty = [r for r in range(tp.world) if not local_heads(c.target_heads, tp, policy.target.cfg, rank=r)]
-            if empty:
-                raise DustinError(f"per-KV-head selection: rank {empty[0]} of {tp.world} holds none of the target "
-                                  "retrieval heads, so it has no signal to select with (use --tp-select shared)")
         self.target_signal = (TargetHistory(heads, device, c.aggregation, policy.ops)
                               if self.use_target else None)
 
@@ -381,7 +374,7 @@ class SetSignals:
             if tp is not None:  # every rank's draft rows -> the whole batch
                 tp.gather_rows(self.draft_rows, out=self.draft_score)
         if self.target_signal is not None:
-            if tp is not None and not policy.per_rank:  # the heads of every rank: one reduction of [B, N]
+            if tp is not None:  # the heads of every rank: one reduction of [B, N]
                 if not self.target_signal.layers:
                     self.history.zero_()  # a rank without retrieval heads adds nothing
                 tp.all_reduce_(self.history, op=c.aggregation)
@@ -411,10 +404,6 @@ class SignalPolicy(SparsePolicy):
         t = self.target.cfg
         self.refresh = {}  # refresh layer -> the scorer of its KV heads (every one, or the profile's; this rank's)
         for layer, heads in self.cfg.refresh_heads(t).items():
-            if self.per_rank and any(not local_heads(heads, self.tp, t, rank=r) for r in range(self.tp.world)):
-                raise DustinError(f"per-KV-head selection: a rank holds none of refresh layer {layer}'s KV heads "
-                                  f"{sorted({h[1] for h in heads})}, so it has no signal to select with there "
-                                  "(use --tp-select shared)")
             self.refresh[layer] = TargetHistory(local_heads(heads, self.tp, t), device, self.cfg.aggregation, self.ops)
         self.current = (torch.zeros(batch, max_len, dtype=torch.float32, device=device)  # [B, N_max]
                         if self.refresh else None)
@@ -483,7 +472,7 @@ class SignalPolicy(SparsePolicy):
             c = self.cfg
             if not scorer.score(layer, q, cache.k[layer], ctx.start, self.current):
                 self.current.zero_()  # a rank without this layer's refresh heads adds nothing (TP)
-            if self.tp is not None and not self.per_rank:
+            if self.tp is not None:
                 self.tp.all_reduce_(self.current, op=c.aggregation)
             self.ops.select_indices(normalise_(self.current), None, ctx.start, self.indices, sinks=c.sinks,
                                     window=c.window, m=c.free)

@@ -81,13 +81,6 @@ def test_a_ranks_shard_missing(pair, tp_run):
 
 def test_tp_without_the_launcher(pair, cli, assert_one_line_error):
     assert_one_line_error(cli(*_decode(pair), "--tp", "2"), "torchrun --nproc-per-node 2", code=2)
-    assert_one_line_error(cli(*_decode(pair), "--tp-select", "per-head"), "--tp-select 'per-head'", code=2)
-
-
-def test_per_kv_head_selection_needs_heads_on_every_rank(pair, tp_run):
-    """The profile's one target head is on KV head 0 (rank 0): rank 1 would have no signal."""
-    args = _decode(pair, "--policy", "dustin", "--profile", pair["profile"], "--tp", "2", "--tp-select", "per-kv-head")
-    _one_line_on_rank0(tp_run.cli(2, *args), "rank 1 of 2 holds none of the target retrieval heads")
 
 
 def test_one_process_commands_under_the_launcher(pair, tp_run):

@@ -1,6 +1,6 @@
 """Tensor parallelism on CPU (gloo, 2 and 4 processes forked by the `tp_run` fixture) against one
 process: logits, greedy and sampled decoding, speculative decoding through every policy, the
-verification sets and ARR, batch padding, per-KV-head selection, and bad inputs."""
+verification sets and ARR, batch padding, and bad inputs."""
 
 import pytest
 import torch
@@ -97,18 +97,6 @@ def test_tp_batch_not_dividing_is_padded(tp_run, models):
     ref = tp_run.one("spec", **kw)
     for out in tp_run.case("spec", 2, **kw):
         assert out["tokens"] == ref["tokens"] and out["accepted"] == ref["accepted"] and out["batch"] == 3
-
-
-def test_tp_per_kv_head_selection_uses_each_ranks_heads(tp_run, models):
-    """per-kv-head: rank r's first set is the one a single process selects from rank r's heads only."""
-    kw = dict(target=models["llama3"], draft=models["draft"], prompts=PROMPTS, policy="dustin", max_new=4,
-              trace=True, **{**DUSTIN, "m": 0, "draft_heads": []})
-    outs = tp_run.case("spec", 2, selection="per-kv-head", **kw)
-    for r, out in enumerate(outs):
-        mine = [h for h in DUSTIN["target_heads"] if 2 * r <= h[1] < 2 * r + 2]
-        ref = tp_run.one("spec", **{**kw, "target_heads": mine})
-        assert out["sets"][0] == ref["sets"][0]
-    assert outs[0]["sets"][0] != outs[1]["sets"][0]
 
 
 def test_tp_size_must_divide_the_kv_heads_and_fit_the_gpus(models):

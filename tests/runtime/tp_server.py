@@ -68,7 +68,7 @@ def child(req: dict, rank: int, port: int) -> None:
                 code = 0
             else:
                 dist.init_process_group("gloo")
-                res = getattr(tp_cases, req["case"])(TensorParallel(rank, world, None, req.get("selection", "shared")),
+                res = getattr(tp_cases, req["case"])(TensorParallel(rank, world, None),
                                                      **req.get("kwargs", {}))
                 torch.save(res, os.path.join(req["dir"], f"rank{rank}.pt"))
                 dist.destroy_process_group()
