@@ -390,8 +390,6 @@ class SignalPolicy(SparsePolicy):
     """dustin / draft-only / target-only: retrieval-head signals and `select_indices` (`SetSignals`),
     one set per sequence, chosen again at the refresh layers inside the pass."""
 
-    history_stream = True  # score history and lookahead on a side stream (False: in line; tests and probes compare)
-
     def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
         super().__init__(cfg, target, draft, **kw)
         self.name = name
@@ -420,14 +418,10 @@ class SignalPolicy(SparsePolicy):
                         for layer, lh in sig.target_signal.layers.items()}  # [B, Hs, gamma + 1, D]
         self.hist_lens = torch.zeros(batch, dtype=torch.int32, device=device) if self.deferred else None
 
-    def key(self):
-        """Also whether the captured phases use the side stream (tests switch it per run)."""
-        key = super().key()
-        return None if key is None else (*key, self.history_stream)
-
     def _side_stream(self, device) -> torch.cuda.Stream | None:
-        """The stream the signals are scored on beside the main one (None: in line)."""
-        ok = self.history_stream and self.ops.triton and self.tp is None and torch.device(device).type == "cuda"
+        """The stream the signals are scored on beside the main one: CUDA with the Triton kernels, one
+        process (None: in line)."""
+        ok = self.ops.triton and self.tp is None and torch.device(device).type == "cuda"
         return torch.cuda.Stream(device) if ok else None
 
     def draft_backend(self, default: AttentionBackend) -> AttentionBackend:

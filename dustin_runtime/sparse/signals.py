@@ -5,7 +5,7 @@
   copy per draft forward, no host sync); after drafting they score the context once per SRH layer
   (M = gamma queries per call, so the keys are read once per step, not once per draft token). On
   CUDA the scoring runs on a side stream during the step's last draft forward, each layer as soon as
-  its last query is stashed (`SignalPolicy.history_stream`).
+  its last query is stashed (`SignalPolicy._side_stream`).
 - Target history: in each verification pass the target's SRH queries (the gamma + 1 verification
   queries) score the pass's context [0, L); the result is the next step's history. The prefill's
   last chunk (its last gamma + 1 prompt queries, `SpecHooks.prefill_tail`) gives the first one. On

@@ -148,7 +148,7 @@ def test_signals_on_a_side_stream_equal_in_line(pair, policy, monkeypatch):
         for p in (h, e):
             p.before_draft()
             p.drafted(p.tokens)
-    monkeypatch.setattr(SignalPolicy, "history_stream", False)
+    monkeypatch.setattr(SignalPolicy, "_side_stream", lambda self, device: None)  # in line (a fresh eager engine)
     i = hooks(policy, t, d)
     inline = speculative_generate(t, d, ps, 24, gamma=4, hooks=i, cuda_graphs=False)
     assert i.side is None
