@@ -340,7 +340,7 @@ def profile(
     max_heads: int = typer.Option(8, min=1, max=MAX_COUNT, help="Head limit of the greedy search (draft + target KV "
                                                                 "heads)."),
     heldout_windows: int = typer.Option(0, min=0, max=MAX_COUNT, help="More windows recorded to score the profile "
-                                                                      "on (never searched on), with dynamic vs fixed m."),
+                                                                      "on (never searched on)."),
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
                                             "dustin policy greedily by teacher-forced perplexity on the calibration "
                                             "windows (0: none; one set only)."),

@@ -32,7 +32,6 @@ class CalibStats:
     quest: torch.Tensor | None = None  # [P, Lt, nb]: Quest's per-layer ARR at `quest_budgets`
     quest_budgets: tuple[int, ...] = ()
     weight: torch.Tensor | None = None  # [P] fp32 summing to 1 (None: every pass counts the same)
-    confidence: torch.Tensor | None = None  # [P, gamma]: the draft's probability of each drafted token
 
     def average(self, x: torch.Tensor) -> torch.Tensor:
         """Mean of per-pass values x [..., P] over the passes, with the pass weights if any."""
@@ -98,9 +97,9 @@ def arr_grid(stats: CalibStats, primary: torch.Tensor | None, secondary: torch.T
 
 
 def select(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, window: int,
-           m: int | torch.Tensor) -> torch.Tensor:
+           m: int) -> torch.Tensor:
     """The runtime's selection itself: [P, budget] int32 (-1 padded), through `select_indices`
-    (the Triton kernel on CUDA, its reference elsewhere); m one int or one per pass [P]."""
+    (the Triton kernel on CUDA, its reference elsewhere)."""
     if stats.attn.device.type == "cuda":
         from dustin_kernels import select_indices as sel
     else:
@@ -109,13 +108,11 @@ def select(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, wi
     prim = (zeros if primary is None else primary).float().contiguous()
     sec = (zeros if secondary is None else secondary).float().contiguous()
     lens = stats.lengths.to(torch.int32)
-    if isinstance(m, torch.Tensor):
-        m = m.to(prim.device, torch.int32).contiguous()
     return sel(prim, sec, lens, budget=budget, sinks=sinks, window=window, m=m)
 
 
 def arr_exact(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, window: int,
-              m: int | torch.Tensor) -> torch.Tensor:
+              m: int) -> torch.Tensor:
     """[P] ARR of the set `select_indices` picks."""
     idx = select(stats, primary, secondary, budget=budget, sinks=sinks, window=window, m=m)
     return recovery(stats.attn, idx)

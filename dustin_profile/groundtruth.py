@@ -150,9 +150,7 @@ def record_window(
     lengths [P]; attn [P, N] (A of `recovery.context_attention`: mean over target layers, heads,
     queries); layer_attn [P, Lt, N] fp16; quest [P, Lt, len(quest_budgets)];
     draft [Cd, P, N] and target [Ct, P, N] candidate signals (by layer, then KV head);
-    drafted [P, gamma]; confidence [P, gamma] (the draft's probability of each drafted token, its
-    max probability when it drafts greedily); accepted [P] (drafts the target's greedy choice
-    accepts). `sinks` and
+    drafted [P, gamma]; accepted [P] (drafts the target's greedy choice accepts). `sinks` and
     `window` are those of the Quest sets (the profile's)."""
     if verify_tokens not in ("draft", "text"):
         raise DustinError(f"verify tokens must be 'draft' or 'text', not {verify_tokens!r}")
@@ -196,7 +194,6 @@ def record_window(
         "layer_attn": torch.zeros(P, Lt, N, dtype=torch.float16),
         "quest": torch.zeros(P, Lt, len(quest_budgets)),
         "drafted": torch.zeros(P, gamma, dtype=torch.long),
-        "confidence": torch.zeros(P, gamma),
         "accepted": torch.zeros(P, dtype=torch.long),
     }
     dsig = [torch.zeros(draft.cfg.num_kv_heads, P, N) for _ in range(draft.cfg.num_layers)]
@@ -211,7 +208,7 @@ def record_window(
             through.set.chosen(chosen, lens)
             through.lens = lens
         tok = torch.tensor([[tokens[L]]], device=device)
-        drafted, conf = [], []
+        drafted = []
         for j in range(gamma):
             dl = draft(tok, dcache, drec, phase="draft", logits="last")
             dcache.advance(1)
@@ -219,7 +216,6 @@ def record_window(
             tok = (torch.tensor([[tokens[L + j + 1]]], device=device) if verify_tokens == "text"
                    else p.argmax(-1, keepdim=True))
             drafted.append(tok)
-            conf.append(p.gather(1, tok))
         for layer in range(draft.cfg.num_layers):
             qd = torch.stack(drec.q_steps[layer], dim=1).unsqueeze(0)  # [1, H, gamma, D]
             dsig[layer][:, i] = kv_head_signals(qd, dcache.k[layer][:, :, :N], lens)[:, 0].float().cpu()
@@ -233,7 +229,6 @@ def record_window(
         out["layer_attn"][i, :, :L] = la.half().cpu()
         out["quest"][i] = trec.quest
         out["drafted"][i] = d[0].cpu()
-        out["confidence"][i] = torch.cat(conf, dim=1)[0].cpu()
         match = (tlogits[:gamma].argmax(-1) == d[0]).long()
         out["accepted"][i] = int(match.cumprod(0).sum())
     out["draft"] = torch.cat(dsig, dim=0)  # [Cd, P, N]

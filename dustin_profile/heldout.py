@@ -1,12 +1,11 @@
 """What a profile found, scored on held-out calibration windows (recorded like the others, never
-searched on): the set, every baseline and dynamic m against fixed m."""
+searched on): the set and every baseline."""
 
 from __future__ import annotations
 
 from dustin_profile.baselines import baseline_arrs
 from dustin_profile.calib_arr import CalibStats, arr_grid
 from dustin_profile.candidates import Candidate
-from dustin_profile.dynamic_m import analyse
 from dustin_profile.search import SearchResult, signal_sums
 
 
@@ -17,17 +16,9 @@ def set_arr(stats: CalibStats, cands: list[Candidate], chosen: list[int], m: int
     return float(stats.average(arr_grid(stats, prim, sec, budget=budget, sinks=sinks, window=window, ms=[m])[0]))
 
 
-def heldout_figures(cal: CalibStats, held: CalibStats, cands: list[Candidate], single: SearchResult, m: int,
-                    *, budget: int, sinks: int, window: int, m_points: int) -> dict:
-    """{"passes", "arr": {method: ARR on the held-out passes}, "dynamic_m": `dynamic_m.analyse`}."""
+def heldout_figures(held: CalibStats, cands: list[Candidate], single: SearchResult, m: int,
+                    *, budget: int, sinks: int, window: int) -> dict:
+    """{"passes", "arr": {method: ARR on the held-out passes}}."""
     arr = {"dustin": set_arr(held, cands, single.chosen, m, budget, sinks, window)}
     arr.update(baseline_arrs(held, budget, sinks, window))
-    nd = cal.draft.shape[0]
-    chosen_draft = [c for c in single.chosen if c < nd]
-    signals = {}
-    for name, st in (("calibration", cal), ("heldout", held)):
-        prim, sec = signal_sums(st, cands, single.chosen)
-        signals[name] = (prim if chosen_draft else st.draft.sum(0), sec)
-    dyn = analyse(cal, held, signals, budget=budget, sinks=sinks, window=window,
-                  points=max(m_points, 37), chosen_draft=bool(chosen_draft))
-    return {"passes": int(held.lengths.numel()), "arr": arr, "dynamic_m": dyn}
+    return {"passes": int(held.lengths.numel()), "arr": arr}

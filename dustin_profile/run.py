@@ -6,7 +6,7 @@ the prose windows; the pass that asks for the fact is scored by the share of the
 set keeps and weighs `--retrieval-weight` of every mean ARR (see `stack_windows`).
 With `--heldout-windows H`, H more prose windows (cut after the
 calibration ones) are recorded but not searched on; the profile's `heldout` holds what it found
-scored on them, and dynamic m against fixed m (`heldout`, `dynamic_m`). With `--max-refresh K`
+scored on them (`heldout`). With `--max-refresh K`
 up to K refresh layers of the dustin policy are chosen last, by teacher-forced perplexity on the
 calibration prose windows (`refresh`), and scored on the held-out ones."""
 
@@ -43,7 +43,7 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.io.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
 from dustin_runtime.io.provenance import git_commit
 
-WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence
+WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence (no longer read)
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CALIB = REPO.parent / "shared" / "corpus" / "gutenberg" / "calib"
 
@@ -206,7 +206,7 @@ def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0
     a fact is a few tokens and holds only a few percent of the mean attention mass, too little
     for the mass alone to favour the heads that find it (results/passkey/README.md)."""
     cat = {k: torch.cat([r[k] for r in recs], dim=1 if k in ("draft", "target") else 0)
-           for k in ("lengths", "attn", "draft", "target", "layer_attn", "quest", "confidence")}
+           for k in ("lengths", "attn", "draft", "target", "layer_attn", "quest")}
     weight = None
     if retrieval:
         per = [r["lengths"].numel() for r in recs]
@@ -348,8 +348,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     if h:
         held = stack_windows(held_recs, cfg.all_budgets).to(device)
         heldout = {"windows": [{"source": _relative(w.source), "offset": w.offset} for w in held_windows],
-                   **heldout_figures(stats, held, cands, res, m, budget=cfg.budget, sinks=cfg.sinks,
-                                     window=cfg.window, m_points=cfg.m_points)}
+                   **heldout_figures(held, cands, res, m, budget=cfg.budget, sinks=cfg.sinks, window=cfg.window)}
     stage = work / out.name  # tables and plots are written here, then published with the JSON
     tables = write_tables(stage, cfg, stats, cands, res, sweep, command)
     accepted = torch.cat([r["accepted"] for r in recs]).float()

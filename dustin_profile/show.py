@@ -50,27 +50,6 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.2%}"
 
 
-def _dynamic_rows(heldout: dict) -> list[tuple[str, str]]:
-    """Held-out dynamic m vs fixed m as (label, value) rows (none when the profile has no analysis)."""
-    dyn = _sub(heldout, "dynamic_m")
-    fixed, orc, best = _sub(dyn, "fixed"), _sub(dyn, "oracle"), _sub(dyn, "best_rule")
-    if not fixed or _num(fixed, "heldout") is None:
-        return []
-    rule = next((r for r in dyn.get("rules", []) if isinstance(r, dict) and r.get("feature") == best.get("feature")
-                 and r.get("bins") == best.get("bins")), {})
-    rows = [(f"fixed m = {fixed.get('m')} ({dyn.get('draft_signal')})", f"{_num(fixed, 'heldout'):.4f}")]
-    if _num(rule, "heldout") is not None:
-        rows.append((f"dynamic m: {rule.get('feature')} in {rule.get('bins')} bins -> m {rule.get('m')}",
-                     f"{_num(rule, 'heldout'):.4f}"))
-    if _num(orc, "heldout") is not None:
-        rows.append(("dynamic m: each pass's best m (upper bound)", f"{_num(orc, 'heldout'):.4f}"))
-    corr = _sub(dyn, "best_m_rank_correlation")
-    if corr:
-        rows.append(("rank correlation of the best m with " + ", ".join(corr), ", ".join(
-            "?" if _num(corr, k) is None else f"{_num(corr, k):+.2f}" for k in corr)))
-    return rows
-
-
 def _ratio(d: dict, key: str) -> str:
     v = _num(d, key)
     return "?" if v is None else f"{v:.4f}"
@@ -155,8 +134,6 @@ def render(prof: Profile, folder: Path | None = None) -> list:
         t.add_column("ARR", justify="right")
         for k, v in held.items():
             t.add_row(k, f"{v:.4f}")
-        for k, v in _dynamic_rows(prof.heldout):
-            t.add_row(k, v)
         out.append(t)
 
     df = _table(prof, folder, "budgets")
@@ -216,7 +193,6 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
     if held:
         lines += ["", f"On {prof.heldout.get('passes')} held-out passes:", "", "| method | ARR |", "| --- | ---: |"]
         lines += [f"| {k} | {v:.4f} |" for k, v in held.items()]
-        lines += [f"| {k} | {v} |" for k, v in _dynamic_rows(prof.heldout)]
     cost = prof.online_cost
     lines += ["", f"Estimator cost: {_pct(_num(cost, 'share'))} of the full K+V cache bytes per step "
                   f"({cost.get('draft_kv_heads')} draft + {cost.get('target_kv_heads')} target KV heads, one pass over their keys)."]

@@ -102,8 +102,7 @@ def _top(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor
 
 
 def select_indices_ref(primary, secondary, cache_lens, *, budget, sinks, window, m):
-    """Reference of `select_indices`: [B, budget] int32, sorted ascending, -1 padded; m an int or
-    a [B] tensor (one m per row, clamped to [0, budget - sinks - window])."""
+    """Reference of `select_indices`: [B, budget] int32, sorted ascending, -1 padded."""
     B = primary.shape[0]
     dev = primary.device
     free = budget - sinks - window
@@ -113,8 +112,7 @@ def select_indices_ref(primary, secondary, cache_lens, *, budget, sinks, window,
         if L <= budget:
             out[b, :L] = torch.arange(L, dtype=torch.int32, device=dev)
             continue
-        m_b = min(max(int(m[b]), 0), free) if isinstance(m, torch.Tensor) else m
-        m_b = m_b if secondary is not None else free
+        m_b = m if secondary is not None else free
         middle = torch.arange(sinks, L - window, device=dev)
         first = _top(primary[b].float(), middle, m_b)
         taken = torch.zeros(L, dtype=torch.bool, device=dev)

@@ -142,27 +142,16 @@ def _count_eq(X, lo, hi, mid_lo, mid_hi, T, E, T_e, k_e, e_off, EXCLUDE: tl.cons
 
 
 @triton.jit
-def _row_split(MROW, b, m1, m2, PER_ROW: tl.constexpr):
-    """(m1, m2) of row b: the launch's, or with PER_ROW m1 = MROW[b] clamped to [0, m1 + m2]."""
-    if PER_ROW:
-        free = m1 + m2
-        r = tl.minimum(tl.maximum(tl.load(MROW + b), 0), free)
-        return r, free - r
-    return m1, m2
-
-
-@triton.jit
 def _select_kernel(
-    P1, S2, LENS, OUT, SCR, MROW,
+    P1, S2, LENS, OUT, SCR,
     spb, ssb, sob, scr_stride, slice_len,
     budget, sinks, window, m1, m2,
-    P: tl.constexpr, HAS_SEC: tl.constexpr, BLOCK: tl.constexpr, PER_ROW: tl.constexpr,
+    P: tl.constexpr, HAS_SEC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     p = tl.program_id(0)
     b = tl.program_id(1)
     b64 = b.to(tl.int64)
     L = tl.load(LENS + b)
-    m1, m2 = _row_split(MROW, b, m1, m2, PER_ROW)
     ob = OUT + b64 * sob
     pb = P1 + b64 * spb
     sb = S2 + b64 * ssb
@@ -276,16 +265,15 @@ def _topk_mask(key, valid, k):
 
 @triton.jit
 def _select_ticket_kernel(
-    P1, S2, LENS, OUT, CPOS, CK1, CK2, CCNT, LOCKS, MROW,
+    P1, S2, LENS, OUT, CPOS, CK1, CK2, CCNT, LOCKS,
     spb, ssb, sob, slice_len, n_prog, budget, sinks, window, m1, m2,
     HAS_SEC: tl.constexpr, BLOCK: tl.constexpr, CAPS: tl.constexpr, BLOCK2: tl.constexpr,
-    BLOCK_W: tl.constexpr, PER_ROW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
     p = tl.program_id(0)
     b = tl.program_id(1)
     b64 = b.to(tl.int64)
     L = tl.load(LENS + b)
-    m1, m2 = _row_split(MROW, b, m1, m2, PER_ROW)
     ob = OUT + b64 * sob
     if L <= budget:  # the whole context, then -1
         if p == 0:
@@ -352,7 +340,7 @@ def select_indices(
     budget: int,
     sinks: int,
     window: int,
-    m: int | torch.Tensor,
+    m: int,
     out: torch.Tensor | None = None,
     programs_per_row: int | None = None,
     block: int | None = None,
@@ -363,9 +351,8 @@ def select_indices(
     primary, secondary: [B, N_max] fp32 scores (secondary None: m covers the whole remainder).
     For L = cache_lens[b] <= budget: 0..L-1 then -1. Otherwise sinks [0, sinks), the window
     [L - window, L), the top-m of primary over [sinks, L - window), then the top
-    (budget - sinks - window - m) of secondary over what remains; ties go to the lower position.
-    m: one int (the caller guarantees sinks + window + m <= budget) or a [B] int32 tensor, one m
-    per row, read on the device (no host sync) and clamped to [0, budget - sinks - window].
+    (budget - sinks - window - m) of secondary over what remains; ties go to the lower position
+    (the caller guarantees sinks + window + m <= budget).
     Tuning keywords default to heuristics (`block`: the most scores one program handles at a time).
     """
     require(primary.dim() == 2 and primary.dtype == torch.float32, "primary must be [B, N_max] float32")
@@ -375,12 +362,6 @@ def select_indices(
                 "secondary must be float32 with primary's shape")
         require(secondary.device == primary.device, "secondary must be on primary's device")
     check_lens(cache_lens, B, primary.device)
-    m_row = None
-    if isinstance(m, torch.Tensor):  # one m per row
-        require(m.dtype == torch.int32 and tuple(m.shape) == (B,) and m.is_contiguous(),
-                f"a per-row m must be a contiguous [{B}] int32 tensor")
-        require(m.device == primary.device, "a per-row m must be on primary's device")
-        m_row, m = m, 0
     require(budget > 0 and min(sinks, window, m) >= 0, "budget must be positive; sinks, window, m >= 0")
     require(sinks + window + m <= budget, f"sinks + window + m = {sinks + window + m} exceeds budget {budget}")
     require(primary.stride(1) == 1 and (secondary is None or secondary.stride(1) == 1),
@@ -389,14 +370,11 @@ def select_indices(
     require(out.stride(1) == 1, "out rows must be contiguous")
     m1 = m if secondary is not None else budget - sinks - window
     m2 = budget - sinks - window - m1
-    if secondary is None:  # the primary chooses every free row whatever m says
-        m_row = None
     plan = _ticket_plan(B, N, budget, sinks, window, m1, m2, primary.device, programs_per_row, block)
     if plan is None:
         return _select_barrier(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2,
-                               programs_per_row, block, num_warps, m_row)
-    return _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2, plan, num_warps,
-                          m_row)
+                               programs_per_row, block, num_warps)
+    return _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2, plan, num_warps)
 
 
 def _ticket_plan(B, N, budget, sinks, window, m1, m2, device, programs_per_row=None, block=None):
@@ -416,8 +394,7 @@ def _ticket_plan(B, N, budget, sinks, window, m1, m2, device, programs_per_row=N
     return P, slice_len, BLOCK, caps, BLOCK2
 
 
-def _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2, plan, num_warps=None,
-                   m_row=None):
+def _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2, plan, num_warps=None):
     B = primary.shape[0]
     P, slice_len, BLOCK, caps, BLOCK2 = plan
     dev = primary.device
@@ -432,16 +409,15 @@ def _select_ticket(primary, secondary, cache_lens, out, budget, sinks, window, m
         if B * P > num_sms(dev):  # more programs than SMs: 4 warps fit two a SM (B 32, 64k: 111 -> 85 us)
             num_warps = 4
     _select_ticket_kernel[(P, B)](
-        primary, sec, cache_lens, out, cpos, ck1, ck2, ccnt, locks, cache_lens if m_row is None else m_row,
+        primary, sec, cache_lens, out, cpos, ck1, ck2, ccnt, locks,
         primary.stride(0), sec.stride(0), out.stride(0), slice_len, P, budget, sinks, window, m1, m2,
-        HAS_SEC=secondary is not None, BLOCK=BLOCK, CAPS=caps, BLOCK2=BLOCK2, BLOCK_W=128,
-        PER_ROW=m_row is not None, num_warps=num_warps,
+        HAS_SEC=secondary is not None, BLOCK=BLOCK, CAPS=caps, BLOCK2=BLOCK2, BLOCK_W=128, num_warps=num_warps,
     )
     return out
 
 
 def _select_barrier(primary, secondary, cache_lens, out, budget, sinks, window, m1, m2,
-                    programs_per_row=None, block=None, num_warps=None, m_row=None):
+                    programs_per_row=None, block=None, num_warps=None):
     """The radix launcher (module doc): rows split over P programs that meet at spin barriers."""
     B, N = primary.shape
     sec = secondary if secondary is not None else primary
@@ -458,8 +434,8 @@ def _select_barrier(primary, secondary, cache_lens, out, budget, sinks, window, 
     scr_stride = 2 + 3 * P + 8 * 256
     scratch = ticket_counters(primary.device, B * scr_stride, name="select") if P > 1 else out
     _select_kernel[(P, B)](
-        primary, sec, cache_lens, out, scratch, cache_lens if m_row is None else m_row,
+        primary, sec, cache_lens, out, scratch,
         primary.stride(0), sec.stride(0), out.stride(0), scr_stride, slice_len, budget, sinks, window, m1, m2,
-        P=P, HAS_SEC=secondary is not None, BLOCK=block, PER_ROW=m_row is not None, num_warps=num_warps,
+        P=P, HAS_SEC=secondary is not None, BLOCK=block, num_warps=num_warps,
     )
     return out
