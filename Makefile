@@ -151,8 +151,6 @@ PROFILE_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG
 .PHONY: repro-profile
 repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --out profiles/smollm2-draft.json
-	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --window-grid 16,64,128,256,384 \
-		--out profiles/smollm2-draft-w.json
 
 # Evaluation harnesses on the embedded pair (CPU; resumable: re-running skips finished records).
 PROFILE ?= profiles/smollm2-draft.json

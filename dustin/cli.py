@@ -344,8 +344,6 @@ def profile(
     max_refresh: int = typer.Option(0, help="After the head search, choose up to this many refresh layers of the "
                                             "dustin policy greedily by teacher-forced perplexity on the calibration "
                                             "windows (0: none; one set only)."),
-    window_grid: str = typer.Option("", help="Recent windows (comma list) to choose among after the search, by the "
-                                            "same teacher-forced perplexity at the budget (empty: --window)."),
     epsilon: float = typer.Option(1e-3, help="Stop when the best ARR gain of a round is below this."),
     m_points: int = typer.Option(9, min=1, max=MAX_COUNT, help="Grid points for m over [0, S - sinks - window]."),
     seed: Seed = 0,
@@ -377,7 +375,6 @@ def profile(
                         positions=positions, budget=budget, gamma=gamma, sinks=sinks,
                         window=window, budgets=bl, max_heads=max_heads, epsilon=epsilon, m_points=m_points,
                         heldout=heldout_windows, max_refresh=max_refresh,
-                        window_grid=tuple(_ints(window_grid, "--window-grid", minimum=0)) if window_grid else (),
                         seed=seed, verify_tokens=verify_tokens, text_field=text_field, device=device, dtype=dtype)
     res = run_profile(cfg, command="dustin " + " ".join(sys.argv[1:]), console=err_console, restart=restart)
     for r in render(res.profile, res.path.parent):

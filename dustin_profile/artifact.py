@@ -75,7 +75,7 @@ class Profile:
     m_by_budget: dict[int, int]  # best m at other budgets (the runtime scales m for unlisted ones)
     draft_heads: tuple[HeadChoice, ...]
     target_heads: tuple[HeadChoice, ...]
-    arr: float  # ARR of this profile on the calibration windows (at window_search["search_window"] if searched)
+    arr: float  # ARR of this profile on the calibration windows
     arr_baselines: dict[str, float]  # streamingllm, draft-only, target-only, quest, oracle, ...
     calibration: dict  # description, files, windows, context, seed, sha256
     online_cost: dict  # key bytes read per step by the estimator, as a share of the full cache
@@ -85,7 +85,6 @@ class Profile:
     heldout: dict = field(default_factory=dict)  # figures on held-out calibration windows
     refresh_layers: tuple[int, ...] = ()  # the dustin policy's refresh layers (one set only; refresh.py)
     refresh_search: dict = field(default_factory=dict)  # how they were chosen: rounds, ppl ratios, held-out
-    window_search: dict = field(default_factory=dict)  # how `window` was chosen (window.py; empty: given)
     schema_version: int = SCHEMA_VERSION
 
     @property

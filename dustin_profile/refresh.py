@@ -18,17 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse.config import SparseConfig
 
 MIN_GAIN = 0.01  # least relative perplexity gain of one more refresh layer (1%: the fidelity goal's scale)
 EVAL_TOKENS = 320  # scored tokens per window (rounded down to whole verification windows of gamma + 1)
-HEAD_EVAL_TOKENS = 1024  # scored tokens per window of the window search (every offset)
 SETS_PER_PREFILL = 8  # layer sets scored per shared prefill: each run's policy keeps its copy of the cache alive
 
 # A refresh set: its layers (every KV head scores each); None: full attention.
 RefreshSet = tuple[int, ...]
 Score = Callable[[Sequence[RefreshSet | None]], list[float]]  # refresh sets -> NLL per token
-ConfigScore = Callable[[Sequence[SparseConfig | None]], list[float]]  # dustin's configs -> NLL per token
 
 
 @dataclass(frozen=True)
@@ -53,40 +50,29 @@ def scored_tokens(total: int, gamma: int, tokens: int = EVAL_TOKENS) -> int:
     return n * w
 
 
-def config_scorer(target, draft, sequences: list[list[int]], gamma: int, tokens: int = EVAL_TOKENS,
-                  prefill_chunk: int = 2048, offsets: str = "last") -> ConfigScore:
-    """`score(cfgs)`: NLL per token at the last offset of the verification windows (module
-    docstring; `offsets="all"`: at every offset) over the last `scored_tokens` of `sequences`, under
-    full attention (None) or dustin with each `SparseConfig`, in one teacher-forced run sharing the
-    context's prefill (per `SETS_PER_PREFILL` configs)."""
+def nll_scorer(target, draft, cfg, sequences: list[list[int]], gamma: int, tokens: int = EVAL_TOKENS,
+               prefill_chunk: int = 2048) -> Score:
+    """`score(sets)`: NLL per token at the last offset of the verification windows (module docstring)
+    over the last `scored_tokens` of `sequences`, under full attention (None) or dustin's set `cfg`
+    refreshed at each set's layers (`()`: no refresh), in one teacher-forced run sharing the
+    context's prefill (per `SETS_PER_PREFILL` sets)."""
     from dustin_runtime.sparse.policies import make_policy
     from dustin_runtime.sparse.teacher_forced import teacher_forced_nll
 
-    if offsets not in ("last", "all"):
-        raise DustinError(f"offsets must be 'last' or 'all', got {offsets!r}")
     context = len(sequences[0]) - scored_tokens(len(sequences[0]), gamma, tokens)
 
-    def score(cfgs):
+    def score(sets):
         out = []
-        for i in range(0, len(cfgs), SETS_PER_PREFILL):
-            hooks = [None if c is None else make_policy("dustin", c, target=target, draft=draft)
-                     for c in cfgs[i: i + SETS_PER_PREFILL]]
+        for i in range(0, len(sets), SETS_PER_PREFILL):
+            hooks = [None if s is None else make_policy("dustin", replace(cfg, refresh_layers=tuple(sorted(s))),
+                                                        target=target, draft=draft)
+                     for s in sets[i: i + SETS_PER_PREFILL]]
             res = teacher_forced_nll(target, draft, sequences, context, gamma=gamma, hooks=hooks,
                                      prefill_chunk=prefill_chunk)
-            out += [last_offset_nll(r, gamma) if offsets == "last" else sum(r.nll) / max(sum(r.tokens), 1)
-                    for r in res]
+            out += [last_offset_nll(r, gamma) for r in res]
         return out
 
     return score
-
-
-def nll_scorer(target, draft, cfg, sequences: list[list[int]], gamma: int, tokens: int = EVAL_TOKENS,
-               prefill_chunk: int = 2048, offsets: str = "last") -> Score:
-    """`score(sets)`: `config_scorer`'s NLL per token under full attention (None) or dustin's set
-    `cfg` refreshed at each set's layers (`()`: no refresh)."""
-    by_config = config_scorer(target, draft, sequences, gamma, tokens, prefill_chunk, offsets)
-    return lambda sets: by_config([None if s is None else replace(cfg, refresh_layers=tuple(sorted(s)))
-                                   for s in sets])
 
 
 def last_offset_nll(res, gamma: int) -> float:

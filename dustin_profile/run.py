@@ -37,7 +37,6 @@ from dustin_profile.search import (
     signal_sums,
 )
 from dustin_profile.tables import write_tables
-from dustin_profile.window import check_grid
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.io.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
@@ -71,7 +70,6 @@ class ProfileConfig:
     m_points: int = 9
     heldout: int = 0  # prose windows recorded to score the result on, not searched on
     max_refresh: int = 0  # refresh layers of the dustin policy, chosen by perplexity (refresh.py)
-    window_grid: tuple[int, ...] = ()  # recent windows to choose among by perplexity (window.py; empty: --window)
     seed: int = 0
     verify_tokens: str = "draft"  # "draft": the draft's greedy drafts; "text": teacher forcing
     draft_kv: str = "full"  # the draft drafts over its whole cache, or over a verification set ("verify-set")
@@ -106,8 +104,6 @@ class ProfileConfig:
             raise DustinError("--heldout-windows must be >= 0")
         if self.max_refresh < 0:
             raise DustinError(f"--max-refresh must be >= 0, got {self.max_refresh}")
-        if self.window_grid:
-            check_grid(self.window_grid, self.budget, self.sinks)
         if not math.isfinite(self.epsilon) or self.epsilon < 0:
             raise DustinError(f"--epsilon must be a finite number >= 0, got {self.epsilon}")
         if self.verify_tokens not in ("draft", "text"):
@@ -416,16 +412,6 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         with console.status(f"refresh layers (up to {cfg.max_refresh})"):
             prof = _search_refresh(prof, cfg, tgt.model, drf.model, windows[:n], held_windows)
         prof.calibration["run"]["seconds"]["refresh"] = round(time.perf_counter() - t_refresh, 2)
-    if cfg.window_grid and not prof.has_heads:
-        prof = replace(prof, window_search=skipped)
-    elif cfg.window_grid:
-        t_window = time.perf_counter()
-        with console.status(f"recent window (of {', '.join(map(str, cfg.window_grid))})"):
-            prof = _search_window(prof, cfg, tgt.model, drf.model, windows[:n], held_windows,
-                                  lambda w: budget_sweep(stats, cands, res.chosen, [b for b in cfg.all_budgets
-                                                                                    if b >= cfg.sinks + w],
-                                                         cfg.sinks, w, cfg.m_points))
-        prof.calibration["run"]["seconds"]["window"] = round(time.perf_counter() - t_window, 2)
     prof = replace(prof, tables={**tables, **write_plots(stage, prof)})
     prof.calibration["run"]["seconds"]["total"] = round(time.perf_counter() - t0, 2)
     _publish(out, prof, stage)
@@ -455,41 +441,6 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
     if held_windows:
         record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers)}
     return replace(prof, refresh_layers=found.layers, refresh_search=record)
-
-
-def _search_window(prof: Profile, cfg: ProfileConfig, target, draft, calib_windows, held_windows, sweep_at) -> Profile:
-    """The profile at the window of `cfg.window_grid` with the lowest teacher-forced perplexity
-    (`window.choose_window`; m re-chosen at each window by `sweep_at(window)`, Algorithm 1's budget
-    sweep) and the search's record. ARR, its baselines, tables and held-out ARR figures stay those
-    of the search window (`window_search["search_window"]`); the record has the ARR at the chosen one."""
-    from dustin_profile import refresh as rf
-    from dustin_profile.window import choose_window
-
-    sweeps = {w: sweep_at(w) for w in sorted({*cfg.window_grid, prof.window})}  # {window: {budget: (ARR, m)}}
-    variants = {w: replace(prof, window=w, m=sw[cfg.budget][1], m_by_budget={b: mb for b, (_, mb) in sw.items()})
-                for w, sw in sweeps.items()}
-    configs = {w: replace(p.to_sparse_config(), refresh_layers=p.refresh_layers)
-               for w, p in variants.items()}
-
-    def scorer(ws):
-        return rf.config_scorer(target, draft, [list(w.tokens) for w in ws], cfg.gamma, rf.HEAD_EVAL_TOKENS,
-                                cfg.prefill_chunk, offsets="all")
-
-    found = choose_window(scorer(calib_windows), configs)
-    chosen = variants[found.window]
-    record = {"grid": list(cfg.window_grid), "search_window": prof.window, "chosen": found.window,
-              "objective": "teacher-forced perplexity ratio to full attention through dustin's set (the profile's "
-                           "heads, refresh layers and budget; m re-chosen by ARR at each window) at every offset "
-                           "of the verification windows over the last scored_tokens of each calibration prose window",
-              "scored_tokens": rf.scored_tokens(len(calib_windows[0].tokens), cfg.gamma, rf.HEAD_EVAL_TOKENS),
-              "windows": len(calib_windows), "ppl_ratio": {str(w): r for w, r in found.ratios.items()},
-              "m": {str(w): p.m for w, p in variants.items()},
-              "arr": {str(w): sw[cfg.budget][0] for w, sw in sweeps.items()}}
-    if held_windows:
-        pair = sorted({prof.window, found.window})
-        held = choose_window(scorer(held_windows), {w: configs[w] for w in pair})
-        record["heldout"] = {"windows": len(held_windows), "ppl_ratio": {str(w): r for w, r in held.ratios.items()}}
-    return replace(chosen, window_search=record)
 
 
 def _heads(cands: list[Candidate]) -> tuple[HeadChoice, ...]:

@@ -91,15 +91,6 @@ def render(prof: Profile, folder: Path | None = None) -> list:
                                        f"{_ratio(rs, 'ppl_ratio_without')} without"
                                        + (f"; held out {_ratio(held, 'dustin + refresh')} vs "
                                           f"{_ratio(held, 'dustin')}" if held else "")))
-    ws = prof.window_search
-    if ws.get("skipped"):
-        rows.append(("recent window search", f"not searched: {ws['skipped']}"))
-    elif ws:
-        ratios, held = _sub(ws, "ppl_ratio"), _sub(_sub(ws, "heldout"), "ppl_ratio")
-        rows.append(("recent window search", f"chose {ws.get('chosen')} of {ws.get('grid')} (Algorithm 1 and ARR "
-                                             f"at {ws.get('search_window')}); ppl ratio to full (every offset) "
-                     + ", ".join(f"{w}: {_ratio(ratios, w)}" for w in ratios)
-                     + ("; held out " + ", ".join(f"{w}: {_ratio(held, w)}" for w in held) if held else "")))
     if _num(cal, "mean_accepted") is not None:
         rows.append(("mean accepted drafts", f"{_num(cal, 'mean_accepted'):.2f} of {prof.gamma}"))
     run = _sub(cal, "run")
