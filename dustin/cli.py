@@ -185,47 +185,6 @@ def bench_attention(
         console.print(t)
 
 
-@bench_app.command("decode")
-def bench_decode(
-    config: str = typer.Option("qwen2.5-7b", help="Target model shape (see dustin_runtime/presets.py)."),
-    draft: str | None = typer.Option(None, help="Draft model shape (default: the usual draft)."),
-    random_weights: bool = typer.Option(True, "--random-weights", help="Random weights at the real shape."),
-    batch: int = typer.Option(16, min=1, max=MAX_COUNT, help="Sequences per step."),
-    context: int = typer.Option(32768, min=1, max=MAX_TOKENS, help="Tokens already in the cache."),
-    gamma: Gamma = 4,
-    hf_baseline: bool = typer.Option(False, help="Also time Hugging Face transformers in the same process."),
-    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="S of the dustin sparse verification step."),
-    srh: int = typer.Option(4, min=1, max=MAX_COUNT, help="Retrieval KV heads of the dustin step (over 2 layers)."),
-    out_dir: Path = typer.Option(Path("results/bench"), help="Folder for decode-<config>-<context>-<batch>.json."),
-) -> None:
-    """One step of each decoding phase on the GPU (decode, full and dustin verification, draft,
-    prefill chunk), next to its byte (or FLOP) floor."""
-    _one_process("bench decode")
-    from rich.table import Table
-
-    from dustin_eval import bench_decode as bd
-
-    if not random_weights:
-        raise DustinError("bench decode times random weights at real shapes; pass --random-weights")
-    cfg = bd.DecodeBenchConfig(config=config, draft=draft, batch=batch, context=context, gamma=gamma,
-                               hf_baseline=hf_baseline, budget=budget, srh=srh)
-    res = bd.run_decode_bench(cfg, "dustin " + " ".join(sys.argv[1:]))
-    path = bd.write_result(res, out_dir, cfg)
-    env = res["environment"]
-    t = Table(title=f"{config} + {res['config']['draft']}, batch {batch}, context {context} ({env['gpu']}, "
-                    f"copy {res['copy_tbps']:.2f} TB/s, bf16 matmul {res['matmul_tflops']:.0f} TFLOP/s)")
-    for col in ("phase", "graph ms", "eager ms", "floor ms", "of floor"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
-    for r in res["records"]:
-        t.add_row(r["phase"], f"{r['median_ms']:.3f}", f"{r.get('eager_ms', float('nan')):.3f}",
-                  f"{r['floor_ms']:.3f}", f"{r['fraction_of_floor']:.0%}")
-    console.print(t)
-    sv = next((r for r in res["records"] if "speedup_vs_full_verify" in r), None)
-    if sv is not None:
-        console.print(f"dustin verify step vs full verify step: {sv['speedup_vs_full_verify']:.2f}x")
-    console.print(f"wrote {path}")
-
-
 @bench_app.command("e2e")
 def bench_e2e(
     target: str = typer.Option("qwen2.5-7b", help="Target: a preset shape (random weights, replayed acceptance) "

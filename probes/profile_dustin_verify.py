@@ -1,4 +1,4 @@
-"""Where a dustin verification step's time goes on the GPU: the step of `dustin bench decode`
+"""Where a dustin verification step's time goes on the GPU: the step of `probes/bench_decode.py`
 (Qwen2.5-7B shape, random weights, batch 16, 32k, S 512, 4 SRH KV heads) captured in a CUDA graph,
 replayed under the torch profiler; prints the kernels by total GPU time.
 
@@ -8,9 +8,9 @@ replayed under the torch profiler; prints the kernels by total GPU time.
 import sys
 
 import torch
+from bench_decode import fill_cache, sparse_verify_step
 from torch.profiler import ProfilerActivity, profile
 
-from dustin_eval.bench_decode import fill_cache, sparse_verify_step
 from dustin_runtime.loader import random_model
 from dustin_runtime.presets import default_draft, preset
 

@@ -367,8 +367,6 @@ CASES = {
     "passkey-trials-huge": ([*PK, "--trials", HUGE], ["--trials"]),
     "acceptance-threads-huge": ([*ACC, "--threads", "100000"], ["--threads"]),
     # bench (CPU)
-    "bench-decode-without-gpu": (["bench", "decode"], ["needs a CUDA GPU"]),
-    "bench-decode-batch-0": (["bench", "decode", "--batch", "0"], ["--batch"]),
     "bench-attention-without-gpu": (["bench", "attention"], ["needs a CUDA GPU"]),
     "bench-e2e-without-gpu": (["bench", "e2e", "--policies", "full,dustin,dustin-r", "--refresh-layers", "9,18"],
                               ["needs a CUDA GPU"]),

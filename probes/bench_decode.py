@@ -1,5 +1,5 @@
-"""`dustin bench decode`: one step of each decoding phase of our runtime on the GPU, at a real model
-shape with random weights (timings do not depend on values), next to its byte or FLOP floor.
+"""Probe (was `dustin bench decode`, dropped as redundant with `dustin bench e2e`): one step of each
+decoding phase of our runtime on the GPU, at a real model shape with random weights (timings do not depend on values), next to its byte or FLOP floor.
 
 Phases: target decode step (1 token per sequence), target verification step (gamma + 1 tokens),
 the same verification step with dustin's sparse verification (selection from the target history
@@ -8,12 +8,16 @@ prefill chunk (one sequence, `chunk` tokens at the end of the context).
 Decode-type steps run as CUDA graphs (as the runtime would replay them), timed over many replays
 after warm-up; the floor is (weights + KV bytes read) / copy bandwidth measured in the same run.
 Optionally Hugging Face transformers (StaticCache, SDPA) is timed on the same shapes in the same
-process as the baseline."""
+process as the baseline.
+
+    python probes/bench_decode.py [config] [batch] [context] [hf]  -> $OUT/decode-<config>-<context>-<batch>.json"""
 
 from __future__ import annotations
 
 import gc
 import json
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +25,7 @@ from pathlib import Path
 import torch
 
 from dustin_eval.bench_attention import copy_bandwidth_tbps
+from dustin_eval.bench_e2e import srh_heads
 from dustin_eval.timing import events_ms, graph_ms
 from dustin_runtime.attention import TritonAttention
 from dustin_runtime.errors import DustinError
@@ -45,16 +50,6 @@ class DecodeBenchConfig:
     hf_baseline: bool = False
     budget: int = 512  # the sparse verification step's S
     srh: int = 4  # retrieval KV heads of that step, spread over 2 layers
-
-
-def srh_heads(model_cfg, n: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    """n retrieval KV heads (layer, kv_head, query heads) over 2 layers, at 1/3 and 2/3 depth."""
-    layers = (model_cfg.num_layers // 3, (2 * model_cfg.num_layers) // 3)
-    out = []
-    for j in range(n):
-        layer, g = layers[j % 2], (j // 2 * model_cfg.num_kv_heads) // max(1, (n + 1) // 2)
-        out.append((layer, g, tuple(range(g * model_cfg.n_rep, (g + 1) * model_cfg.n_rep))))
-    return tuple(out)
 
 
 def sparse_verify_step(model: Transformer, draft: Transformer, cache, tokens: torch.Tensor, *, budget: int, srh: int,
@@ -213,7 +208,7 @@ def _time_hf(cfg: DecodeBenchConfig, model_cfg, copy_tbps: float) -> dict:
 def run_decode_bench(cfg: DecodeBenchConfig, command: str) -> dict:
     """Time every phase; returns the result record (also what gets written as JSON)."""
     if not torch.cuda.is_available():
-        raise DustinError("dustin bench decode needs a CUDA GPU")
+        raise DustinError("probes/bench_decode.py needs a CUDA GPU")
     tcfg = preset(cfg.config)
     dname = cfg.draft or default_draft(cfg.config)
     dcfg = preset(dname)
@@ -257,3 +252,11 @@ def result_path(out_dir: Path, cfg: DecodeBenchConfig) -> Path:
 
 def write_result(res: dict, out_dir: Path, cfg: DecodeBenchConfig) -> Path:
     return atomic_write(result_path(out_dir, cfg), json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    cfg = DecodeBenchConfig(config=args[0] if args else "qwen2.5-7b", batch=int(args[1]) if len(args) > 1 else 16,
+                            context=int(args[2]) if len(args) > 2 else 32768, hf_baseline=len(args) > 3)
+    res = run_decode_bench(cfg, "python probes/bench_decode.py " + " ".join(args))
+    print(write_result(res, Path(os.environ.get("OUT", ".")), cfg))
