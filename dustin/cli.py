@@ -116,9 +116,9 @@ def _names(text: str) -> list[str]:
 
 
 def _policies(text: str) -> list[str]:
-    from dustin_runtime.sparse.config import POLICIES
+    from dustin_runtime.sparse.policies import POLICY_CLASSES
 
-    return list(POLICIES) if text.strip() == "all" else _names(text)
+    return list(POLICY_CLASSES) if text.strip() == "all" else _names(text)
 
 
 @bench_app.command("attention")

@@ -38,8 +38,8 @@ from dustin_runtime.generate import cache_capacity, prefill
 from dustin_runtime.io.files import FolderLock, check_resume_key
 from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.pipeline import LoadedModel
-from dustin_runtime.sparse.config import POLICIES, SparseConfig
-from dustin_runtime.sparse.policies import make_policy
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import POLICY_CLASSES, make_policy, policy_class
 from dustin_runtime.speculative import speculative_generate
 
 from .corpus import gutenberg_split
@@ -59,7 +59,7 @@ class AcceptanceConfig:
     max_new_tokens: int = 64
     gamma: int = 4
     budgets: tuple[int, ...] = (128, 256, 512, 1024)
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = tuple(POLICY_CLASSES)
     books_dir: str = str(gutenberg_split("eval"))
     seed: int = 0
     measure_arr: bool = True
@@ -67,9 +67,8 @@ class AcceptanceConfig:
     lookup: LookupConfig | None = None  # drafts copied from each sequence's history where it repeats (every policy)
 
     def __post_init__(self):
-        bad = [p for p in self.policies if p not in POLICIES]
-        if bad:
-            raise DustinError(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
+        for p in self.policies:
+            policy_class(p)  # refuses an unknown name
         if not self.contexts or not self.budgets or self.windows < 1 or self.max_new_tokens < 1 \
                 or self.windows_per_book < 1:
             raise DustinError("give at least one context, one budget, one window (and one a book) and one new token")
@@ -140,7 +139,7 @@ def run_acceptance(
 def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
     done = {(r["context"], r["policy"], r["budget"]): r for r in repair_jsonl(runs_path)}
     records = []
-    order = ["full"] + [p for p in cfg.policies if p != "full"]
+    order = ["full"] + [p for p in cfg.policies if p != "full"]  # full verification: every policy's reference
     for context in cfg.contexts:
         n = _prompt_len(context, cfg, target, draft)
         windows = list(iter_windows(target.tokenizer, cfg.books_dir, n, seed=cfg.seed, max_windows=cfg.windows,
@@ -148,7 +147,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
         if len(windows) < cfg.windows:
             raise DustinError(f"{cfg.books_dir}: only {len(windows)} windows of {n} tokens")
         prompts = [w.ids for w in windows]
-        todo = [(p, b) for p in order for b in ([None] if p == "full" else cfg.budgets)
+        todo = [(p, b) for p in order for b in (cfg.budgets if policy_class(p).budgeted else [None])
                 if (context, p, b) not in done]
         shared = None
         if todo:
@@ -157,13 +156,14 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
             shared = (_shared_prefill(target.model, prompts, capacity, rows),
                       _shared_prefill(draft.model, prompts, capacity, rows), rows)
         for policy in order:
-            for budget in [None] if policy == "full" else cfg.budgets:
+            cls = policy_class(policy)
+            for budget in cfg.budgets if cls.budgeted else [None]:
                 rec = done.get((context, policy, budget))
                 if rec is None:
                     scfg = None if budget is None else configs[budget]
-                    if policy == "quest" and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
+                    if not cls.one_set and scfg is not None:  # per-KV-head sets: the draft drafts over its cache
                         scfg = replace(scfg, draft_kv="full")
-                    if policy != "dustin" and scfg is not None and scfg.refresh_layers:  # dustin's alone
+                    if not cls.refreshes and scfg is not None and scfg.refresh_layers:  # dustin's alone
                         scfg = replace(scfg, refresh_layers=())
                     hooks = make_policy(policy, scfg, target=target.model, draft=draft.model,
                                         measure_arr=cfg.measure_arr, paired=cfg.paired)

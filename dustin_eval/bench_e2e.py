@@ -44,13 +44,17 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import cache_capacity, generate
 from dustin_runtime.io.files import atomic_path, atomic_write
 from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import policy_class
 from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 AR = "ar"
 SPARSE_DRAFT = "-vs"  # suffix: the policy with sparse drafting (the draft attends the verification set)
 REFRESH = "-r"  # suffix (after -vs): dustin with the config's refresh layers
-POLICIES = (AR, "full", "dustin", "streamingllm", "quest", "dustin-vs", "streamingllm-vs")
-REFRESH_POLICIES = ("dustin-r", "dustin-vs-r")  # with --refresh-layers only
+TIMED = ("full", "dustin", "streamingllm", "quest")  # the runtime policies the bench times
+_SPARSE_DRAFTED = tuple(p + SPARSE_DRAFT for p in TIMED if policy_class(p).budgeted and policy_class(p).one_set)
+POLICIES = (AR, *TIMED, *_SPARSE_DRAFTED)  # the default: every timed policy, with sparse drafting where it can
+REFRESH_POLICIES = tuple(p + REFRESH for p in (*TIMED, *_SPARSE_DRAFTED)  # with --refresh-layers only
+                         if policy_class(p.removesuffix(SPARSE_DRAFT)).refreshes)
 
 
 def split_policy(name: str) -> tuple[str, bool, bool]:
@@ -284,7 +288,7 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
         scfg = replace(scfg, draft_kv="verify-set")
     if refresh:
         scfg = replace(scfg, refresh_layers=cfg.refresh_layers)
-    hooks = make_policy(policy, None if policy == "full" else scfg, target=pair.target, draft=pair.draft)
+    hooks = make_policy(policy, scfg if policy_class(policy).budgeted else None, target=pair.target, draft=pair.draft)
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
                                 eos_ids=pair.eos, engine=eng, prefilled=pre,
@@ -328,17 +332,18 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     kd = t.head_dim  # key width the target's scorers read
     if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
         draft_step = F * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
-    if policy == "full":
+    cls = policy_class(policy)
+    if not cls.budgeted:
         target = w_t + B * L * kv_row_t
     else:
         target = w_t + B * (cfg.budget + M) * kv_row_t
-        if policy == "dustin":  # each retrieval KV head's keys over the context, target and draft
+        if cls.needs_heads:  # each retrieval KV head's keys over the context, target and draft
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
             target += L * el * (B * srh * kd + B // P * len(scfg.draft_heads) * d.head_dim)
         if refresh:  # the keys of each refresh layer's (local) KV heads
             target += len(cfg.refresh_layers) * B * L * (t.num_kv_heads // P) * kd * el
-        if policy == "quest":  # min and max key per page of 16, every layer and KV head
+        if cls.pages:  # min and max key per page of 16, every layer and KV head
             target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
     total = draft_step + target
     return {"bytes": total, "ms": total / (copy_tbps * 1e12) * 1e3, "draft_bytes": draft_step,

@@ -11,14 +11,8 @@ from pathlib import Path
 
 from dustin_profile.artifact import Profile, check_models, config_hash, load_profile, model_info
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sparse.config import (
-    DEFAULT_SINKS,
-    DEFAULT_WINDOW,
-    DRAFT_KV,
-    HEAD_POLICIES,
-    POLICIES,
-    SparseConfig,
-)
+from dustin_runtime.sparse.config import DEFAULT_SINKS, DEFAULT_WINDOW, DRAFT_KV, SparseConfig
+from dustin_runtime.sparse.policies import policy_class
 
 DEFAULT_BUDGET = 512
 
@@ -69,15 +63,16 @@ class SparsePlan:
     def config(self, target, draft, infos=None) -> SparseConfig | None:
         """The SparseConfig for the loaded target/draft (`pipeline.LoadedModel`s), the profile checked
         against them (`infos`: their `ModelInfo`s when already computed)."""
-        if self.policy == "full":
+        cls = policy_class(self.policy)
+        if not cls.budgeted:
             return None
-        kv = "full" if self.policy == "quest" else self.draft_kv  # Quest's sets are per KV head: no draft set
+        kv = self.draft_kv if cls.one_set else "full"  # sets per layer and KV head: no draft set
         if self.profile is not None:
             p = self.profile
             infos = infos or (model_identity(target, info=True), model_identity(draft, info=True))
             check_models(p.profile, *infos, p.path)
             cfg = p.profile.to_sparse_config(self.budget, self.sinks, self.window, source=p.path,
-                                             draft_kv=kv or ("full" if self.policy == "quest" else None))
+                                             draft_kv=kv)
         elif self.all_heads:
             cfg = replace(SparseConfig.all_heads(target.model.cfg, draft.model.cfg, self.budget, sinks=self.sinks,
                                                  window=self.window), draft_kv=kv or "full")
@@ -109,30 +104,29 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
     layers (None) to the profile's for dustin, else none (`()` turns the profile's off)."""
     if profile is not None and not isinstance(profile, LoadedProfile):
         profile = read_profile(profile)
-    if refresh_layers is None and profile is not None and policy == "dustin":
+    cls = policy_class(policy)  # refuses an unknown name
+    if refresh_layers is None and profile is not None and cls.refreshes:
         refresh_layers = profile.profile.refresh_layers
     refresh_layers = tuple(refresh_layers or ())
-    if refresh_layers and policy != "dustin":
+    if refresh_layers and not cls.refreshes:
         raise DustinError(f"--refresh-layers: policy {policy} has no set to choose again inside the verification "
                           "pass (only dustin does)")
-    if policy not in POLICIES:
-        raise DustinError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if draft_kv is not None and draft_kv not in DRAFT_KV:
         raise DustinError(f"--draft-kv {draft_kv!r}: choose one of {', '.join(DRAFT_KV)}")
     prof = profile.profile if profile else None
-    if policy in HEAD_POLICIES and prof is None and not all_heads:
+    if cls.needs_heads and prof is None and not all_heads:
         raise DustinError(f"policy {policy} needs retrieval heads: give --profile (or --all-heads for every head)")
     sinks = sinks if sinks is not None else prof.sinks if prof else DEFAULT_SINKS
     window = window if window is not None else prof.window if prof else DEFAULT_WINDOW
-    if draft_kv == "verify-set" and policy in ("full", "quest"):
+    if draft_kv == "verify-set" and not cls.one_set:
         raise DustinError(f"--draft-kv verify-set: policy {policy} has no one verification set per sequence to "
                           "draft over (use dustin, draft-only, target-only, streamingllm or oracle)")
-    if policy == "full":
+    if not cls.budgeted:
         return SparsePlan(policy, None, sinks, window, profile, all_heads)
     budget = budget if budget is not None else prof.budget if prof else DEFAULT_BUDGET
     cfg = SparseConfig(budget=budget, sinks=sinks, window=window,  # refuses budget < sinks + window
                        refresh_layers=refresh_layers)  # and refresh layers out of order
-    if policy in HEAD_POLICIES and prof is not None:
+    if cls.needs_heads and prof is not None:
         cfg = prof.to_sparse_config(budget, sinks, window)
         missing = [who for who, need, heads in (("draft", cfg.m > 0, cfg.draft_heads),
                                                 ("target", cfg.m < cfg.free, cfg.target_heads)) if need and not heads]
@@ -153,22 +147,23 @@ def plan_runs(policies: Sequence[str], budgets: Sequence[int], profile: str | Pa
     loads; the profile is read once; refresh layers apply to the dustin runs (None: the profile's)."""
     if not policies:
         raise DustinError("no policy given")
-    if refresh_layers and "dustin" not in policies:
+    classes = {p: policy_class(p) for p in policies}
+    if refresh_layers and not any(c.refreshes for c in classes.values()):
         raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
     loaded = read_profile(profile) if profile is not None else None
-    runs = [PolicyRun(p, None) if p == "full" else PolicyRun(p, b)
-            for p in policies for b in ([None] if p == "full" else budgets)]
+    runs = [PolicyRun(p, b if classes[p].budgeted else None)
+            for p in policies for b in (budgets if classes[p].budgeted else [None])]
     if not runs:
         raise DustinError("no budget given")
     return {r: plan_sparse(r.policy, loaded, r.budget, sinks, window, all_heads,
-                           None if r.policy in ("full", "quest") else draft_kv,
-                           refresh_layers if r.policy == "dustin" else ()) for r in dict.fromkeys(runs)}
+                           draft_kv if classes[r.policy].one_set else None,
+                           refresh_layers if classes[r.policy].refreshes else ()) for r in dict.fromkeys(runs)}
 
 
 def sparse_configs(plans: dict, target, draft) -> dict:
     """Every plan's SparseConfig for the loaded pair (keys kept: runs, or budgets)."""
     infos = None
-    if any(p.profile is not None and p.policy != "full" for p in plans.values()):
+    if any(p.profile is not None and p.budget is not None for p in plans.values()):
         infos = (model_identity(target, info=True), model_identity(draft, info=True))
     return {r: p.config(target, draft, infos) for r, p in plans.items()}
 

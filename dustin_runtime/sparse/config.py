@@ -14,8 +14,6 @@ from dustin_runtime.errors import DustinError
 
 Head = tuple[int, int, tuple[int, ...]]  # (layer, kv_head, query_heads): one retrieval head at KV granularity
 
-POLICIES = ("full", "dustin", "draft-only", "target-only", "streamingllm", "quest", "oracle")
-HEAD_POLICIES = ("dustin",)  # needs chosen retrieval heads (a profile, or --all-heads)
 DEFAULT_SINKS = 4
 DEFAULT_WINDOW = 64
 QUEST_PAGE = 16

@@ -1,4 +1,6 @@
-"""Verification policies behind one interface (`SpecHooks`), built by `make_policy(name, ...)`.
+"""Verification policies behind one interface (`SpecHooks`), built by `make_policy(name, ...)`;
+`POLICY_CLASSES` maps each name to its class, whose traits (`Policy`) the planner, the harnesses
+and the benches read without building one.
 
 - `full`: lossless speculative decoding, the target attends over the whole cache.
 - `dustin`: sinks + window + top-m by the draft lookahead signal + fill to S by the target history
@@ -35,7 +37,7 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops
-from dustin_runtime.sparse.config import POLICIES, SparseConfig, every_head
+from dustin_runtime.sparse.config import SparseConfig, every_head
 from dustin_runtime.sparse.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.sparse.selection import QuestPages, quest_indices, streaming_indices
 from dustin_runtime.sparse.signals import DraftLookahead, TargetHistory, normalise_
@@ -43,10 +45,23 @@ from dustin_runtime.speculative import SpecHooks
 from dustin_runtime.tp import local_heads
 
 
-class FullPolicy(SpecHooks):
+class Policy(SpecHooks):
+    """A verification policy's traits, class attributes read without building one."""
+
+    name = "policy"
+    budgeted = True  # verifies over a set of S context rows (False: the whole cache)
+    one_set = True  # one set per sequence, chosen before the pass: the draft can draft over it (verify-set)
+    needs_heads = False  # chooses by the config's retrieval heads (a profile's, or --all-heads)
+    refreshes = False  # its set can be chosen again at refresh layers inside the pass
+    pages = False  # keeps per-page key bounds of every layer and KV head (Quest)
+
+
+class FullPolicy(Policy):
     """Full verification (lossless). ARR is 1 and the paired measures are trivial by definition."""
 
     name = "full"
+    budgeted = False
+    one_set = False
 
     def __init__(self, measure_arr: bool = False, paired: bool = False):
         self.measure_arr, self.paired = measure_arr, paired
@@ -173,7 +188,7 @@ class DraftSet:
         self.idx[:, self.S + W:].copy_(torch.where(mine < start.view(-1, 1), mine, -1))
 
 
-class SparsePolicy(SpecHooks):
+class SparsePolicy(Policy):
     """Base of the sparse policies: the [B, S] index buffer, the sparse verification backend and
     the optional side measurements (`measure_arr`: ARR; `paired`: what full verification accepts
     on the same drafts), both from one full side pass per step (`arr.TrueAttention`). Subclasses
@@ -183,7 +198,6 @@ class SparsePolicy(SpecHooks):
     one set, once per layer otherwise."""
 
     name = "sparse"
-    shared_set = True  # one set per sequence, chosen before the pass (else per layer, in the pass)
     needs_true_attention = False  # the oracle ranks by it
 
     def __init__(self, cfg: SparseConfig, target: Transformer, draft: Transformer, *, measure_arr: bool = False,
@@ -197,11 +211,11 @@ class SparsePolicy(SpecHooks):
         self.trace: list | None = None
         self.vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
         self.draft_set: DraftSet | None = None
-        self.layer_sets = not self.shared_set  # the layers attend different sets
+        self.layer_sets = not self.one_set  # the layers attend different sets
         self.drafting: _DraftBackend | None = None  # the draft backend, once built
         self.shadow_tokens: torch.Tensor | None = None  # this step's shadow drafts (paired drafting)
         self.tp = target.tp
-        if cfg.draft_kv == "verify-set" and not self.shared_set:
+        if cfg.draft_kv == "verify-set" and not self.one_set:
             raise DustinError(f"policy {self.name} chooses a set per layer and KV head: the draft cannot draft "
                               f"over it (use --draft-kv full)")
 
@@ -228,7 +242,7 @@ class SparsePolicy(SpecHooks):
 
     @property
     def selects(self) -> bool:
-        return self.shared_set or self.true is not None
+        return self.one_set or self.true is not None
 
     def allocate(self, batch: int, max_len: int, device) -> None:
         """Buffers of a subclass (built once; reused by every call of a cached policy)."""
@@ -279,7 +293,7 @@ class SparsePolicy(SpecHooks):
                                  logits="all" if self.pairs is not None else "none")
             if self.pairs is not None:
                 self.pairs.measure(logits[..., : self.vocab], self.tokens)
-        if self.shared_set:
+        if self.one_set:
             self.select(self.tcache.lengths)
             if self.draft_set is not None:
                 self.draft_set.chosen(self.indices[self.rows], self.tcache.lengths[self.rows])
@@ -390,10 +404,14 @@ class SignalPolicy(SparsePolicy):
     """dustin / draft-only / target-only: retrieval-head signals and `select_indices` (`SetSignals`),
     one set per sequence, chosen again at the refresh layers inside the pass."""
 
-    def __init__(self, name: str, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
-        super().__init__(cfg, target, draft, **kw)
-        self.name = name
-        self.layer_sets = bool(cfg.refresh_layers)
+    def __init__(self, cfg: SparseConfig, target: Transformer, draft: Transformer, **kw):
+        super().__init__(self.config(cfg, target, draft), target, draft, **kw)
+        self.layer_sets = bool(self.cfg.refresh_layers)
+
+    @staticmethod
+    def config(cfg: SparseConfig, target: Transformer, draft: Transformer) -> SparseConfig:
+        """The config this policy runs with (a subclass may set its own heads and m)."""
+        return cfg
 
     def allocate(self, batch, max_len, device):
         self.sig = sig = SetSignals(self, batch, max_len, device)
@@ -510,6 +528,40 @@ class SignalPolicy(SparsePolicy):
         return out
 
 
+class DustinPolicy(SignalPolicy):
+    """dustin: the config's retrieval heads and m (a profile's, or every head with --all-heads)."""
+
+    name = "dustin"
+    needs_heads = True
+    refreshes = True
+
+    @staticmethod
+    def config(cfg, target, draft):
+        if (cfg.m > 0 and not cfg.draft_heads) or (cfg.m < cfg.free and not cfg.target_heads):
+            raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")
+        return cfg
+
+
+class DraftOnlyPolicy(SignalPolicy):
+    """Every draft KV head's lookahead chooses every free row (the profiler's baseline of that name)."""
+
+    name = "draft-only"
+
+    @staticmethod
+    def config(cfg, target, draft):
+        return replace(cfg, m=cfg.free, draft_heads=every_head(draft.cfg), target_heads=())
+
+
+class TargetOnlyPolicy(SignalPolicy):
+    """Every target KV head's history chooses every free row (the profiler's baseline of that name)."""
+
+    name = "target-only"
+
+    @staticmethod
+    def config(cfg, target, draft):
+        return replace(cfg, m=0, draft_heads=(), target_heads=every_head(target.cfg))
+
+
 class StreamingPolicy(SparsePolicy):
     """StreamingLLM: attention sinks plus the most recent S - sinks rows."""
 
@@ -523,7 +575,8 @@ class QuestPolicy(SparsePolicy):
     """Quest at token budget S: per layer and KV head ([B, G, S] sets), page size cfg.page_size."""
 
     name = "quest"
-    shared_set = False
+    one_set = False
+    pages = True
 
     def after_prefill(self):
         for layer in range(self.target.cfg.num_layers):  # every page; the steps then update the last ones
@@ -561,6 +614,17 @@ class OraclePolicy(SparsePolicy):
         self.ops.select_indices(ctx, None, lens, self.indices, sinks=c.sinks, window=c.window, m=c.free)
 
 
+POLICY_CLASSES: dict[str, type[Policy]] = {c.name: c for c in (
+    FullPolicy, DustinPolicy, DraftOnlyPolicy, TargetOnlyPolicy, StreamingPolicy, QuestPolicy, OraclePolicy)}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class of a policy name (its traits), or one clear error naming the known ones."""
+    if name not in POLICY_CLASSES:
+        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CLASSES)}")
+    return POLICY_CLASSES[name]
+
+
 def make_policy(
     name: str,
     cfg: SparseConfig | None,
@@ -571,29 +635,16 @@ def make_policy(
     paired: bool = False,
     ops: SparseOps | None = None,
 ) -> SpecHooks:
-    """The hooks of one policy (names in `sparse.POLICIES`). `cfg` gives the budget, sinks and
+    """The hooks of one policy (names in `POLICY_CLASSES`). `cfg` gives the budget, sinks and
     window and, for dustin, the retrieval heads and m (a profile, or `SparseConfig.all_heads`);
     draft-only / target-only use every KV head of their model; `full` needs no config.
     `measure_arr` adds ARR to the run's stats; `paired` adds what full verification accepts on the
     same drafts (greedy; one more full target pass per step)."""
-    if name not in POLICIES:
-        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    if name == "full":
+    cls = policy_class(name)
+    if not cls.budgeted:
         if cfg is not None and cfg.draft_kv != "full":
             raise DustinError("full verification has no verification set to draft over: use --draft-kv full")
-        return FullPolicy(measure_arr, paired)
+        return cls(measure_arr, paired)
     if cfg is None:
         raise DustinError(f"policy {name} needs a budget (--budget)")
-    kw = dict(measure_arr=measure_arr, paired=paired, ops=ops)
-    if name == "dustin":
-        if (cfg.m > 0 and not cfg.draft_heads) or (cfg.m < cfg.free and not cfg.target_heads):
-            raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")
-        return SignalPolicy(name, cfg, target, draft, **kw)
-    if name in ("draft-only", "target-only"):
-        draft_only = name == "draft-only"
-        cfg = replace(cfg, m=cfg.free if draft_only else 0,
-                      draft_heads=every_head(draft.cfg) if draft_only else (),
-                      target_heads=() if draft_only else every_head(target.cfg))
-        return SignalPolicy(name, cfg, target, draft, **kw)
-    return {"streamingllm": StreamingPolicy, "quest": QuestPolicy, "oracle": OraclePolicy}[name](
-        cfg, target, draft, **kw)
+    return cls(cfg, target, draft, measure_arr=measure_arr, paired=paired, ops=ops)

@@ -9,13 +9,13 @@ from dustin_runtime.attention import AttentionBackend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.loader import load_model
 from dustin_runtime.ops import SparseOps
-from dustin_runtime.sparse.config import POLICIES, SparseConfig
-from dustin_runtime.sparse.policies import make_policy
+from dustin_runtime.sparse.config import SparseConfig
+from dustin_runtime.sparse.policies import POLICY_CLASSES, make_policy, policy_class
 from dustin_runtime.speculative import SpecHooks, speculative_generate
 
 from .policy_cases import MAX_NEW, PROMPTS, config, noisy_copy, policy_pair, run, spy_verify
 
-SPARSE = [p for p in POLICIES if p != "full"]
+SPARSE = [p for p, c in POLICY_CLASSES.items() if c.budgeted]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -335,3 +335,39 @@ def test_history_scored_while_drafting_equals_in_line(pair, monkeypatch, draft_k
         h.before_draft()
         h.drafted(h.tokens)
     assert torch.equal(h.history, inline.history) and not h.forked
+
+
+def test_policy_traits_are_what_the_policies_do(pair):
+    """Every policy's class traits (read by the planner and the benches without building one) match
+    the built policy: budgeted ones need a config, one-set ones can be drafted over (verify-set) and
+    the others refuse it, the ones that need heads refuse a config without any, and the names map
+    to the classes that carry them."""
+    from dataclasses import replace
+
+    target, draft = pair
+    cfg = config(target, draft, budget=24)
+    headless = SparseConfig(budget=24, sinks=2, window=6)
+    assert set(POLICY_CLASSES) == {"full", "dustin", "draft-only", "target-only", "streamingllm", "quest", "oracle"}
+    for name, cls in POLICY_CLASSES.items():
+        assert cls.name == name and policy_class(name) is cls
+        if not cls.budgeted:
+            assert isinstance(make_policy(name, None, target=target, draft=draft), cls)
+            continue
+        with pytest.raises(DustinError, match="needs a budget"):
+            make_policy(name, None, target=target, draft=draft)
+        vs = replace(cfg, draft_kv="verify-set")
+        if cls.one_set:
+            assert make_policy(name, vs, target=target, draft=draft).one_set
+        else:
+            with pytest.raises(DustinError, match="draft cannot draft over it"):
+                make_policy(name, vs, target=target, draft=draft)
+        if cls.needs_heads:
+            with pytest.raises(DustinError, match="needs retrieval heads"):
+                make_policy(name, headless, target=target, draft=draft)
+        else:
+            assert isinstance(make_policy(name, headless, target=target, draft=draft), cls)
+    assert [n for n, c in POLICY_CLASSES.items() if c.refreshes] == ["dustin"]
+    assert [n for n, c in POLICY_CLASSES.items() if c.pages] == ["quest"]
+    with pytest.raises(DustinError, match="unknown policy 'eagle'; choose one of full, dustin"):
+        policy_class("eagle")
+
