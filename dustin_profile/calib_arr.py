@@ -100,10 +100,9 @@ def select(stats: CalibStats, primary, secondary, *, budget: int, sinks: int, wi
            m: int) -> torch.Tensor:
     """The runtime's selection itself: [P, budget] int32 (-1 padded), through `select_indices`
     (the Triton kernel on CUDA, its reference elsewhere)."""
-    if stats.attn.device.type == "cuda":
-        from dustin_kernels import select_indices as sel
-    else:
-        from dustin_kernels import select_indices_ref as sel
+    from dustin_runtime.ops import kernels
+
+    sel = kernels.select_indices if stats.attn.device.type == "cuda" else kernels.select_indices_ref
     zeros = torch.zeros_like(stats.attn)
     prim = (zeros if primary is None else primary).float().contiguous()
     sec = (zeros if secondary is None else secondary).float().contiguous()

@@ -47,10 +47,9 @@ def kv_head_signals(
     r = H // G
     if k_cache.shape[0] != B:
         k_cache = k_cache.expand(B, -1, -1, -1)
-    if q.device.type == "cuda" if triton is None else triton:
-        from dustin_kernels import srh_scores as scores
-    else:
-        from dustin_kernels import srh_scores_ref as scores
+    from dustin_runtime.ops import kernels
+
+    scores = kernels.srh_scores if (q.device.type == "cuda" if triton is None else triton) else kernels.srh_scores_ref
     out = []
     for g in range(G):
         heads = torch.full((r,), g, dtype=torch.int32, device=q.device)

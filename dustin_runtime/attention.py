@@ -142,9 +142,9 @@ class TritonAttention(AttentionBackend):
         k, v = cache.k[layer], cache.v[layer]
         if ctx.phase == "prefill" and ctx.kv_len is not None:
             return sdpa_prefill(q, k[:, :, : ctx.kv_len], v[:, :, : ctx.kv_len])
-        from dustin_kernels import full_verify_attention
+        from dustin_runtime.ops import kernels
 
-        return full_verify_attention(q, k, v, ctx.start)
+        return kernels.full_verify_attention(q, k, v, ctx.start)
 
 
 def default_backend(device: torch.device | str) -> AttentionBackend:

@@ -37,8 +37,9 @@ class LookupConfig:
     min_ngram: int = 2
 
     def __post_init__(self):
-        from dustin_kernels.lookup import MAX_NGRAM
+        from dustin_runtime.ops import kernels
 
+        MAX_NGRAM = kernels.MAX_NGRAM  # noqa: N806 (the kernel's constant)
         lo, hi = self.min_ngram, self.max_ngram
         if not (isinstance(lo, int) and isinstance(hi, int)) or not 1 <= lo <= hi <= MAX_NGRAM:
             raise DustinError(f"draft lookup n-grams must satisfy 1 <= min <= max <= {MAX_NGRAM}, got max {hi}, min {lo}")
@@ -67,9 +68,9 @@ class ContextLookup:
         self.cfg = cfg
         self.hist = torch.full((batch, capacity), -1, dtype=torch.int32, device=device)  # [B, N]
         self.ptr = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
-        from dustin_kernels import lookup_draft, lookup_draft_ref
+        from dustin_runtime.ops import kernels
 
-        self.fn = lookup_draft if torch.device(device).type == "cuda" else lookup_draft_ref  # Triton on CUDA
+        self.fn = kernels.lookup_draft if torch.device(device).type == "cuda" else kernels.lookup_draft_ref  # Triton on CUDA
         self.counts = torch.zeros(batch, 2, dtype=torch.int64, device=device)  # drafts copied, made (live rows)
         self.uncounted = torch.zeros_like(self.counts)  # where a shadow drafting's counts go
 

@@ -22,6 +22,7 @@ from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
+from dustin_runtime.ops import kernels
 from dustin_runtime.rope import apply_rope, rope_table
 from dustin_runtime.tp import TensorParallel, shard_config
 
@@ -92,11 +93,9 @@ class Attention(nn.Module):
             if o is not None:
                 return o.transpose(1, 2).reshape(B, T, c.q_size)
         if rope.fused:
-            from dustin_kernels.layer_ops import rope_qkv_to_cache
-
             qn, kn = (self.q_norm.weight, self.k_norm.weight) if c.qk_norm else (None, None)
-            q = rope_qkv_to_cache(qkv, rope.table, ctx.positions, cache.k[layer], cache.v[layer],
-                                  c.num_heads, qn, kn, c.rms_eps)  # [B, H, T, D]
+            q = kernels.rope_qkv_to_cache(qkv, rope.table, ctx.positions, cache.k[layer], cache.v[layer],
+                                          c.num_heads, qn, kn, c.rms_eps)  # [B, H, T, D]
         else:
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             q = q.view(B, T, c.num_heads, c.head_dim)
@@ -121,9 +120,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         if fused:
-            from dustin_kernels.layer_ops import swiglu
-
-            out = self.w2(swiglu(self.w13(x)))
+            out = self.w2(kernels.swiglu(self.w13(x)))
         else:
             gate, up = self.w13(x).split([self.inter, self.inter], dim=-1)
             out = self.w2(F.silu(gate) * up)
@@ -144,32 +141,28 @@ class Block(nn.Module):
         path (a few rows: the layer's linears and SwiGLU through `skinny_linear`) pending and wo's output are
         fp32 partial sums [P, B * T, d] (split-K's slices) that the next norm adds up."""
         if rope.skinny:
-            from dustin_kernels.layer_ops import add_rms_norm, rms_norm
-            from dustin_kernels.skinny import skinny_linear, skinny_split
-
             a, f = self.attn, self.ffn
             if pending is None:
-                y = rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
+                y = kernels.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
             else:
-                x, y = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps, partials=True)
-            qkv = skinny_linear(y, a.wqkv.weight, bias=a.wqkv.bias)  # [B, T, (H + 2G) D]
+                x, y = kernels.add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps, partials=True)
+            qkv = kernels.skinny_linear(y, a.wqkv.weight, bias=a.wqkv.bias)  # [B, T, (H + 2G) D]
             o = a.attend_qkv(qkv, layer, rope, cache, backend, ctx)  # [B, T, H D]
             if a.wo.bias is None:
-                h = skinny_linear(o, a.wo.weight, parts=skinny_split(a.wo.weight, x.device))  # [P, B T, d]
+                h = kernels.skinny_linear(o, a.wo.weight,
+                                          parts=kernels.skinny_split(a.wo.weight, x.device))  # [P, B T, d]
             else:
-                h = skinny_linear(o, a.wo.weight, bias=a.wo.bias).view(1, -1, x.shape[-1])
-            x, y = add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps, partials=True)
-            act = skinny_linear(y, f.w13.weight, swiglu=True)  # [B, T, I]
-            return x, skinny_linear(act, f.w2.weight, parts=skinny_split(f.w2.weight, x.device))
+                h = kernels.skinny_linear(o, a.wo.weight, bias=a.wo.bias).view(1, -1, x.shape[-1])
+            x, y = kernels.add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps, partials=True)
+            act = kernels.skinny_linear(y, f.w13.weight, swiglu=True)  # [B, T, I]
+            return x, kernels.skinny_linear(act, f.w2.weight, parts=kernels.skinny_split(f.w2.weight, x.device))
         if rope.fused:
-            from dustin_kernels.layer_ops import add_rms_norm, rms_norm
-
             if pending is None:
-                y = rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
+                y = kernels.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps)
             else:
-                x, y = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps)
+                x, y = kernels.add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps)
             h = self.attn(y, layer, rope, cache, backend, ctx)
-            x, y = add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps)
+            x, y = kernels.add_rms_norm(x, h, self.ffn_norm.weight, self.ffn_norm.eps)
             return x, self.ffn(y, fused=True)
         x = x + self.attn(self.attn_norm(x), layer, rope, cache, backend, ctx)
         return x + self.ffn(self.ffn_norm(x)), None
@@ -299,9 +292,7 @@ class Transformer(nn.Module):
         start = cache.lengths.clone()  # [B] int32
         positions = start.view(B, 1).long() + torch.arange(T, device=tokens.device)  # [B, T]
         if self.fused:
-            from dustin_kernels.skinny import ROUTE_ROWS
-
-            rope = Rope(True, self.rope, skinny=self.skinny and B * T <= ROUTE_ROWS)
+            rope = Rope(True, self.rope, skinny=self.skinny and B * T <= kernels.ROUTE_ROWS)
         else:
             rope = Rope(False, self.rope, self.rope[0][positions].unsqueeze(1), self.rope[1][positions].unsqueeze(1))
         ctx = ForwardContext(start, positions, T, phase, kv_len, rows, final)
@@ -313,18 +304,15 @@ class Transformer(nn.Module):
         if logits == "none":
             return None
         if rope.skinny:  # pending: partial sums [P, B T, d]
-            from dustin_kernels.layer_ops import add_rms_norm
 
             if logits == "last" and T > 1:
                 x, pending = x[:, -1:], pending.view(pending.shape[0], B, T, -1)[:, :, -1]
-            out = self.logits(add_rms_norm(x, pending, self.norm.weight, self.norm.eps, partials=True)[1])
+            out = self.logits(kernels.add_rms_norm(x, pending, self.norm.weight, self.norm.eps, partials=True)[1])
             return out if local_vocab else self.gather_vocab(out)
         if logits == "last":
             x, pending = x[:, -1:], None if pending is None else pending[:, -1:]
         if pending is not None:
-            from dustin_kernels.layer_ops import add_rms_norm
-
-            out = self.logits(add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1])
+            out = self.logits(kernels.add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1])
         else:
             out = self.logits(self.norm(x))
         return out if local_vocab else self.gather_vocab(out)

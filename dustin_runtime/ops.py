@@ -1,12 +1,45 @@
-"""The sparse-verification ops the policies call: the Triton launchers of `dustin_kernels` on CUDA,
-their pure-torch `_ref` versions elsewhere. Both write into caller-owned buffers, so a policy's
-per-step work allocates nothing but temporaries."""
+"""The one gateway to `dustin_kernels`: every other module of the runtime, the profiler and the
+evaluations reaches the kernels through here (only `dustin_eval.bench_attention`, which benchmarks
+them, imports them directly).
+
+- `SparseOps`: the sparse-verification ops the policies call, the Triton launchers on CUDA and
+  their pure-torch `_ref` versions elsewhere; both write into caller-owned buffers, so a policy's
+  per-step work allocates nothing but temporaries.
+- `kernels`: every other kernel (the model's fused layer kernels, the full-cache verification
+  attention, the lookup draft) by name, imported on first use (Triton loads with the first kernel,
+  not with the runtime)."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
+
+# name -> the dustin_kernels module that defines it
+_WHERE = {
+    "rope_qkv_to_cache": "layer_ops", "swiglu": "layer_ops", "rms_norm": "layer_ops", "add_rms_norm": "layer_ops",
+    "skinny_linear": "skinny", "skinny_split": "skinny", "ROUTE_ROWS": "skinny",
+    "full_verify_attention": "verify_attention", "sparse_verify_attention_rope": "verify_attention",
+    "lookup_draft": "lookup", "MAX_NGRAM": "lookup", "lookup_draft_ref": "reference",
+    "srh_scores": "srh_scores", "srh_scores_ref": "reference", "select_indices": "select",
+    "select_indices_ref": "reference",
+}
+
+
+class _Kernels:
+    """`kernels.NAME`: the kernel (or constant) NAME of `dustin_kernels`, imported on first use and
+    then a plain attribute (no import on the hot path)."""
+
+    def __getattr__(self, name: str):
+        if name not in _WHERE:
+            raise AttributeError(f"dustin_kernels has no {name!r} reached through dustin_runtime.ops")
+        value = getattr(importlib.import_module(f"dustin_kernels.{_WHERE[name]}"), name)
+        setattr(self, name, value)
+        return value
+
+
+kernels = _Kernels()
 
 
 @dataclass(frozen=True)

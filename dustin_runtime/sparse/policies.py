@@ -36,7 +36,7 @@ from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
-from dustin_runtime.ops import SparseOps, default_ops
+from dustin_runtime.ops import SparseOps, default_ops, kernels
 from dustin_runtime.sparse.config import SparseConfig, every_head
 from dustin_runtime.sparse.measures import ArrMeter, PairedAcceptance, TrueAttention
 from dustin_runtime.sparse.selection import QuestPages, quest_indices, streaming_indices
@@ -148,9 +148,7 @@ class _DraftBackend(AttentionBackend):
         k, v = cache.k[layer], cache.v[layer]
         if ctx.phase != "draft" or p.draft_set is None or not p.ops.triton or qkv.dtype != k.dtype:
             return None
-        from dustin_kernels import sparse_verify_attention_rope
-
-        out, q = sparse_verify_attention_rope(qkv, rope, k, v, p.draft_set.idx, ctx.start, num_heads)
+        out, q = kernels.sparse_verify_attention_rope(qkv, rope, k, v, p.draft_set.idx, ctx.start, num_heads)
         p.observe_draft(layer, q, self.slot)
         return out
 

@@ -61,7 +61,7 @@ def test_speculative_with_kernels_equals_reference(tiny_hf):
 def test_skinny_path_matches_reference(tiny_hf, kind, monkeypatch):
     """Forwards of <= 32 rows run wo and the MLP through `skinny_linear` (partial sums into the next
     norm); the logits of every position and of the last one match the reference path's."""
-    import dustin_kernels.skinny as sk
+    from dustin_runtime.ops import kernels as sk
 
     folder, _ = tiny_hf(kind, seed=35)
     ref, _ = load_model(str(folder))

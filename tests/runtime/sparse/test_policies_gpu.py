@@ -60,8 +60,7 @@ def test_gpu_sparse_drafting_with_rope_inside_the_attention_equals_separate(tiny
     """Sparse drafting on CUDA runs RoPE, the cache write and the attention over the draft set as one
     kernel; with the model's separate RoPE kernel instead (the backend declining) the tokens, the
     accepted counts, the draft's cache and the lookahead signal are the same (fp32)."""
-    import dustin_kernels
-
+    from dustin_runtime.ops import kernels
     from dustin_runtime.sparse import policies
 
     tf, _ = tiny_hf("qwen2", seed=84, **SHAPE)  # no q / k norm: the fused path applies
@@ -72,8 +71,8 @@ def test_gpu_sparse_drafting_with_rope_inside_the_attention_equals_separate(tiny
     cfg = SparseConfig(budget=48, sinks=4, window=16, m=12, draft_heads=((0, 1, (2, 3)),),
                        target_heads=((0, 0, (0, 1)), (1, 1, (2, 3))), draft_kv="verify-set")
     calls = []
-    fused = dustin_kernels.sparse_verify_attention_rope
-    monkeypatch.setattr(dustin_kernels, "sparse_verify_attention_rope", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    fused = kernels.sparse_verify_attention_rope
+    monkeypatch.setattr(kernels, "sparse_verify_attention_rope", lambda *a, **k: calls.append(1) or fused(*a, **k))
     runs = []
     for on in (True, False):
         if not on:
