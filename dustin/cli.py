@@ -16,12 +16,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
-
-# OpenMP threads that spin between parallel regions slow small CPU matmuls ~20x when the cores are
-# shared; sleeping threads cost microseconds. Must be set before torch loads its OpenMP runtime.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -790,10 +786,10 @@ def eval_longbench(
 ) -> None:
     """LongBench (v1, English subsets): reference prompts, truncation and metrics, greedy decoding
     through each verification policy."""
+    from dustin_eval.generator import RuntimeGenerator
     from dustin_eval.longbench_config import DATASETS
     from dustin_eval.longbench_data import available_datasets
     from dustin_eval.longbench_runner import RunMeta, run_longbench, summarize_predictions
-    from dustin_eval.runtime_generator import RuntimeGenerator
     from dustin_runtime.io.files import FolderLock
     from dustin_runtime.tokenizer import eos_ids
 

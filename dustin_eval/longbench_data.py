@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dustin_runtime.errors import DustinError
+from dustin_runtime.tokenizer import text_ids
 
 from .jsonl import iter_jsonl
 from .longbench_config import DATASETS, NEWLINE_STOP_DATASETS, NO_CHAT_DATASETS, prompt_templates
-from .tokens import encode
 
 FIELDS = ("input", "context", "answers", "length", "dataset", "language", "all_classes", "_id")
 HUB_IDS = ("THUDM/LongBench", "zai-org/LongBench")  # where LongBench v1 lives on the Hub
@@ -181,7 +181,7 @@ def build_prompt(
     if max_prompt_tokens < 2:
         raise DustinError(f"prompt limit {max_prompt_tokens} tokens is too small")
     text = format_prompt(sample, dataset)
-    ids = encode(tokenizer, text, add_special_tokens=True)
+    ids = text_ids(tokenizer, text, add_special_tokens=True)
     head, tail = middle_truncate(ids, max_prompt_tokens)
     truncated = bool(tail)
     if truncated:
@@ -198,9 +198,9 @@ def build_prompt(
             add_generation_prompt=True,
             **(chat_template_kwargs or {}),
         )
-        out = encode(tokenizer, text, add_special_tokens=False)
+        out = text_ids(tokenizer, text, add_special_tokens=False)
     elif truncated:
-        out = encode(tokenizer, text, add_special_tokens=True)
+        out = text_ids(tokenizer, text, add_special_tokens=True)
     else:
         out = ids
     return LongBenchPrompt(ids=out, raw_tokens=len(ids), truncated=truncated, chat=chat)

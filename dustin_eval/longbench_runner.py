@@ -1,4 +1,4 @@
-"""LongBench (v1) runner: prompts -> Generator -> per-sample predictions and scores -> summary.
+"""LongBench (v1) runner: prompts -> a generator (`generator.RuntimeGenerator`) -> per-sample predictions and scores -> summary.
 
 Layout under `out_dir`:
     predictions/<policy>-<budget>/<dataset>.jsonl   one record per finished sample, appended as it
@@ -22,7 +22,7 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.io.files import FolderLock, atomic_write, check_resume_key, read_json
 from dustin_runtime.io.provenance import provenance
 
-from .generator import Generator, result_text
+from .generator import RuntimeGenerator, result_text
 from .jsonl import append_jsonl, read_jsonl, repair_jsonl
 from .longbench_config import DATASETS, max_new_tokens
 from .longbench_data import build_prompt, load_dataset, stop_ids
@@ -75,7 +75,7 @@ def _write_run_json(run_dir: Path, meta: RunMeta, settings: dict) -> None:
 
 
 def run_longbench(
-    generator: Generator,
+    generator: RuntimeGenerator,
     tokenizer,
     meta: RunMeta,
     *,

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dustin_runtime.errors import DustinError
-
-from .tokens import encode
+from dustin_runtime.tokenizer import text_ids
 
 INSTRUCTION = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "
@@ -56,7 +55,7 @@ def _filler_ids(tokenizer, filler_text: str, n: int, seed: int) -> list[int]:
     chars = 8 * n + 256
     while True:
         text = (cycle * (chars // len(cycle) + 1))[:chars]
-        ids = encode(tokenizer, text, add_special_tokens=False)
+        ids = text_ids(tokenizer, text, add_special_tokens=False)
         if len(ids) >= n:
             return ids[:n]
         chars *= 2
@@ -81,9 +80,9 @@ def make_passkey_prompt(
     passkey = str(passkey)
     if not passkey.isdigit():
         raise DustinError(f"passkey must be digits, got {passkey!r}")
-    head = encode(tokenizer, INSTRUCTION, add_special_tokens=True)
-    needle = encode(tokenizer, NEEDLE.format(passkey=passkey), add_special_tokens=False)
-    question = encode(tokenizer, QUESTION, add_special_tokens=False)
+    head = text_ids(tokenizer, INSTRUCTION, add_special_tokens=True)
+    needle = text_ids(tokenizer, NEEDLE.format(passkey=passkey), add_special_tokens=False)
+    question = text_ids(tokenizer, QUESTION, add_special_tokens=False)
     filler_len = context_tokens - len(head) - len(needle) - len(question)
     if filler_len < 0:
         raise DustinError(

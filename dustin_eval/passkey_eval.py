@@ -16,11 +16,10 @@ from dustin_runtime.io.provenance import provenance
 from dustin_runtime.model import Transformer
 from dustin_runtime.speculative import SpecHooks
 
-from .generator import result_text
+from .generator import RuntimeGenerator, result_text
 from .jsonl import append_jsonl, repair_jsonl
 from .passkey import passkey_accuracy, passkey_grid, plot_passkey_heatmap, score_passkey
 from .results import markdown_table, write_csv, write_markdown, write_result_json
-from .runtime_generator import RuntimeGenerator
 
 
 def run_passkey(

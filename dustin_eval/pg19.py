@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dustin_runtime.errors import DustinError
+from dustin_runtime.tokenizer import text_ids
 
 from .corpus import book_paths, read_book
-from .tokens import encode
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def iter_windows(
     for path in book_order(books_dir, seed):
         if max_windows is not None and produced >= max_windows:
             return
-        ids = encode(tokenizer, read_book(path), add_special_tokens=False)
+        ids = text_ids(tokenizer, read_book(path), add_special_tokens=False)
         count = len(ids) // window_tokens
         if max_windows_per_book is not None:
             count = min(count, max_windows_per_book)

@@ -71,6 +71,12 @@ def encode(tokenizer, text: str, *, chat: bool = False, system: str | None = Non
     return tokenizer.encode(text, add_special_tokens=True)
 
 
+def text_ids(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of `text` as it stands (`encode` for a prompt), for the harnesses' books and
+    needles: no chat template, no emptiness check, no length warnings (long contexts are the point)."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens, verbose=False)["input_ids"])
+
+
 def eos_ids(tokenizer, config_eos: tuple[int, ...] = ()) -> tuple[int, ...]:
     """End-of-sequence ids: the model config's plus the tokenizer's (and <|im_end|>/<|eot_id|> where
     a chat template ends turns with them)."""

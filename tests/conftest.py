@@ -10,9 +10,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dustin/cli.py: set before torch loads OpenMP
+import dustin_runtime  # noqa: F401 (sets OMP_WAIT_POLICY before torch loads OpenMP)
 
-import torch  # noqa: E402
+# isort: split
+
+import torch
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

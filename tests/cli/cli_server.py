@@ -17,7 +17,9 @@ import tempfile
 import time
 import traceback
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import dustin_runtime  # noqa: F401 (sets OMP_WAIT_POLICY before torch loads OpenMP)
+
+# isort: split
 
 import matplotlib  # noqa: E402
 import pandas  # noqa: E402, F401
@@ -35,10 +37,10 @@ import dustin.cli  # noqa: E402
 
 # what the commands import lazily: warm once here (imports only; nothing runs)
 import dustin_eval.acceptance  # noqa: E402, F401
+import dustin_eval.generator  # noqa: E402, F401
 import dustin_eval.longbench_runner  # noqa: E402, F401
 import dustin_eval.passkey_eval  # noqa: E402, F401
 import dustin_eval.pg19_eval  # noqa: E402, F401
-import dustin_eval.runtime_generator  # noqa: E402, F401
 import dustin_profile.plan  # noqa: E402, F401
 import dustin_profile.plots  # noqa: E402, F401
 import dustin_profile.run  # noqa: E402, F401

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from dustin_eval.generator import GenerationResult
+from dustin_eval.generator import Completion
 
 
 class CharTokenizer:
@@ -68,7 +68,7 @@ class ScriptedGenerator:
             text = self.respond(self.tokenizer.decode(list(prompt), skip_special_tokens=True))
             tokens = self.tokenizer.encode(text, add_special_tokens=False) + [eos_ids[0]]
             out.append(
-                GenerationResult(tokens=tokens[:limit], stats={"accept_len": 2.0, "steps": 3})
+                Completion(tokens=tokens[:limit], stats={"accept_len": 2.0, "steps": 3})
             )
         return out
 

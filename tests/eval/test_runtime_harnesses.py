@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from dustin_eval.generator import RuntimeGenerator
 from dustin_eval.passkey_eval import run_passkey
 from dustin_eval.pg19_eval import PolicyRun, run_pg19
-from dustin_eval.runtime_generator import RuntimeGenerator
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from dustin_kernels import KernelArgumentError
+from dustin_kernels.checks import TOL
 from dustin_kernels.layer_ops import (
     add_rms_norm,
     add_rms_norm_ref,
@@ -16,7 +17,6 @@ from dustin_kernels.layer_ops import (
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV == "cuda" else [])
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def rel(a, b):

@@ -20,7 +20,9 @@ import sys
 import time
 import traceback
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import dustin_runtime  # noqa: F401 (sets OMP_WAIT_POLICY before torch loads OpenMP)
+
+# isort: split
 
 import safetensors.torch  # noqa: E402, F401
 import torch  # noqa: E402
