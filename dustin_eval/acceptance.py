@@ -311,3 +311,46 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
     m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",
                        [(None, note + "\n")] + tables, prov)
     return j, m
+
+
+def plan_budgets(policies: Sequence[str], budgets: Sequence[int], profile, draft_kv: str | None,
+                 refresh_layers) -> dict:
+    """budget -> the one `SparsePlan` every policy of the run takes its set's settings from (every
+    policy shares a budget's sinks, window and heads): that of the first policy that needs
+    retrieval heads, else of any one-set policy without heads; checked before any model loads."""
+    from dustin_profile.plan import plan_sparse, read_profile
+
+    classes = [policy_class(p) for p in policies]
+    heads = [p for p, c in zip(policies, classes, strict=True) if c.needs_heads]
+    if refresh_layers and not any(c.refreshes for c in classes):
+        raise DustinError("--refresh-layers applies to policy dustin, which is not among the policies")
+    lead = heads[0] if heads else next(n for n, c in POLICY_CLASSES.items()
+                                       if c.budgeted and c.one_set and not c.needs_heads)
+    loaded = read_profile(profile) if profile is not None else None
+    return {b: plan_sparse(lead, loaded, b, None, None, False, draft_kv, refresh_layers) for b in budgets}
+
+
+def evaluate(target: LoadedModel, draft: LoadedModel, plans: dict, cfg: AcceptanceConfig, out: Path, *,
+             tp=None, restart: bool = False, on_record: Callable[[dict], None] | None = None) -> tuple[Path, Path]:
+    """`dustin eval acceptance`: every run of `cfg` with the planned sets (`plan_budgets`) on the loaded
+    pair, its records in <out>.runs.jsonl (resumable), the result in <out>.json and <out>.md."""
+    from dustin_profile.plan import run_identity, sparse_configs
+    from dustin_runtime.io.provenance import provenance
+
+    configs = sparse_configs(plans, target, draft)
+    loaded = next(iter(plans.values())).profile
+    runs = out.parent / f"{out.name}.runs.jsonl"
+    ident = {**run_identity(target, draft), "all_heads": False, "profile": loaded.content if loaded else None}
+    if tp is not None:
+        ident["tp"] = {"world": tp.world}
+    records = run_acceptance(target, draft, configs, cfg, runs, resume_key_extra=ident, restart=restart,
+                             on_record=on_record)
+    extra = {"torch_threads": torch.get_num_threads(), "runs_file": str(runs),
+             "tp": None if tp is None else {"world": tp.world}}
+    if loaded is not None:
+        extra["profile"] = {"path": loaded.path, "sha256": loaded.sha256}
+    prov = provenance(models={"target": target.model_id, "draft": draft.model_id},
+                      shapes={"contexts": list(cfg.contexts), "windows": cfg.windows,
+                              "windows_per_book": cfg.windows_per_book, "gamma": cfg.gamma,
+                              "max_new_tokens": cfg.max_new_tokens}, extra=extra)
+    return write_acceptance(records, out.parent, out.name, prov, cfg, configs)

@@ -505,3 +505,41 @@ def plot_alpha(res: dict, path: Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120)
     return path
+
+
+def configs(batch: str, context: str, alphas: str, policy: str | None, refresh_layers: str, tp: int | None,
+            **kw) -> list[E2EConfig]:
+    """The runs of `dustin bench e2e`'s options: batch and context lists zipped (or one value
+    repeated), the policies (default `POLICIES`), the alpha sweep; every config checked before a GPU
+    is touched."""
+    from dustin_profile.plan import parse_ints, parse_layers, parse_names
+    from dustin_runtime.errors import MAX_COUNT
+
+    if kw.get("draft_lookup") is not None and tp is not None:
+        raise DustinError("--draft-lookup runs in one process (not under --tp)")
+    batch, context = parse_ints(batch, "--batch", maximum=MAX_COUNT), parse_ints(context, "--context")
+    kw.update(policies=tuple(parse_names(policy)) if policy else POLICIES,
+              refresh_layers=parse_layers(refresh_layers) or ())
+    try:
+        al = tuple(float(x) for x in alphas.split(",") if x.strip())
+    except ValueError:
+        raise DustinError(f"--alphas {alphas!r}: expected comma-separated numbers") from None
+    if len(batch) != len(context) and 1 not in (len(batch), len(context)):
+        raise DustinError("--batch and --context: give lists of one length (zipped) or one value")
+    n = max(len(batch), len(context))
+    pairs = zip(list(batch) * n if len(batch) == 1 else batch, list(context) * n if len(context) == 1 else context,
+                strict=True)
+    out = [E2EConfig(batch=b, context=c, alphas=al, **kw) for b, c in pairs]
+    for cfg in out:
+        cfg.check()
+    return out
+
+
+def run_all(cfgs: list[E2EConfig], command: str, out_dir: Path, tp=None, on_record=None, on_result=None) -> None:
+    """Every run of `configs` (under `tp`: this rank's place in a tensor-parallel run), each written
+    to `out_dir` as soon as it is done; `on_result(result, path)` after each."""
+    for cfg in cfgs:
+        res = run_e2e(replace(cfg, tp=1 if tp is None else tp.world), command, tp=tp, on_record=on_record)
+        path = write_result(res, out_dir)
+        if on_result is not None:
+            on_result(res, path)

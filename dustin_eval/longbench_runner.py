@@ -295,3 +295,49 @@ def write_summary(
         prov,
     )
     return paths
+
+
+SHARED_LONGBENCH = Path(__file__).resolve().parents[2] / "shared" / "longbench"
+
+
+def sources(data: str | None, datasets: str | None) -> tuple[str, list[str]]:
+    """The LongBench source (--data, else ../shared/longbench where it exists) and the datasets to
+    run (--datasets, comma-separated, else those present), refused with one line naming the fix."""
+    from .longbench_config import DATASETS
+    from .longbench_data import available_datasets
+
+    if data is None:
+        if not SHARED_LONGBENCH.is_dir():
+            raise DustinError("eval longbench needs --data: a folder of LongBench v1 <dataset>.jsonl files (e.g. "
+                              "multi_news.jsonl; ../shared/longbench holds one), or THUDM/LongBench in a Hugging "
+                              "Face datasets cache")
+        data = str(SHARED_LONGBENCH)
+    present = available_datasets(data)  # refuses a source that is neither a folder nor a dataset id
+    names = [d.strip() for d in datasets.split(",") if d.strip()] if datasets else present
+    unknown = [d for d in names if d not in DATASETS]
+    if unknown or (datasets and not names):
+        raise DustinError(f"unknown LongBench dataset(s) {', '.join(unknown) or repr(datasets)}; "
+                          f"known: {', '.join(DATASETS)}")
+    if not names:
+        raise DustinError(f"{data}: none of the 16 English LongBench datasets is there")
+    return data, names
+
+
+def evaluate(target, draft, plans: dict, make_hooks, resume_key: dict, *, data: str, datasets: Sequence[str],
+             out_dir: Path, limit: int | None = None, restart: bool = False, on_record=None) -> list[dict]:
+    """`dustin eval longbench` on the loaded pair: every planned run (gamma 4, prompts truncated to
+    the models' context), each sample's prediction and score recorded; the summary rows."""
+    from dustin_runtime.tokenizer import eos_ids
+
+    max_length = min(target.model.cfg.max_position_embeddings, draft.model.cfg.max_position_embeddings)
+    common = {k: v for k, v in resume_key.items() if k != "runs"}
+    profile = next(iter(plans.values())).profile
+    for run in plans:
+        gen = RuntimeGenerator(target.model, draft.model, gamma=4, hooks_factory=lambda run=run: make_hooks(run))
+        meta = RunMeta(policy=run.policy, budget=run.budget, target=target.model_id, draft=draft.model_id,
+                       extra={"gamma": 4, "profile": profile.path if profile else None})
+        run_longbench(gen, target.tokenizer, meta, data_dir=data, out_dir=out_dir, max_length=max_length,
+                      datasets=datasets, eos_ids=list(eos_ids(target.tokenizer, target.model.cfg.eos_token_ids)),
+                      limit=limit, resume_key={**common, "gamma": 4, "run": resume_key["runs"][run.label]},
+                      restart=restart, on_record=on_record)
+    return summarize_predictions(out_dir)

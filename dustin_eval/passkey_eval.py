@@ -91,3 +91,24 @@ def _run(target, draft, tokenizer, path, out_dir, filler_text, contexts, depths,
         with atomic_path(out_dir / f"passkey-{name}.png") as tmp:
             plot_passkey_heatmap(sub, tmp, title=f"passkey: {name}")
     return rows
+
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+NEW_TOKENS = 10
+
+
+def evaluate(target, draft, plans: dict, make_hooks, resume_key: dict, *, contexts: Sequence[int], out_dir: Path,
+             restart: bool = False, on_record=None) -> list[dict]:
+    """`dustin eval passkey` on the loaded pair: every planned run over `contexts` x `DEPTHS`, one
+    prompt each, filler from the Gutenberg eval split, gamma 4; the accuracy rows."""
+    from dustin_eval.corpus import gutenberg_split, read_filler
+
+    limit = min(target.model.cfg.max_position_embeddings, draft.model.cfg.max_position_embeddings)
+    if max(contexts) + NEW_TOKENS > limit:
+        raise DustinError(f"context {max(contexts)} + {NEW_TOKENS} new tokens exceeds the models' limit of {limit} "
+                          f"tokens; use --contexts up to {limit - NEW_TOKENS}")
+    return run_passkey(target.model, draft.model, target.tokenizer, filler_text=read_filler(gutenberg_split("eval"), 3),
+                       contexts=contexts, depths=DEPTHS, trials=1, gamma=4, runs=list(plans), make_hooks=make_hooks,
+                       out_dir=out_dir, max_new_tokens=NEW_TOKENS,
+                       models={"target": target.model_id, "draft": draft.model_id}, resume_key=resume_key,
+                       restart=restart, on_record=on_record)

@@ -178,3 +178,13 @@ def summarize(path: Path, out_dir: Path, context: int, eval_tokens: int, gamma: 
                                    f"over {max(r['windows'] for r in rows)} windows)",
                              ylabel="perplexity ratio to full attention")
     return rows
+
+
+def evaluate(target, draft, plans: dict, make_hooks, resume_key: dict, *, books, context: int, eval_tokens: int,
+             windows: int, out_dir: Path, restart: bool = False, on_record=None) -> list[dict]:
+    """`dustin eval pg19` on the loaded pair (`pipeline.LoadedModel`s): every planned run, gamma 4,
+    up to 16 windows scored together; the summary rows."""
+    return run_pg19(target.model, draft.model, target.tokenizer, books_dir=books, context=context,
+                    eval_tokens=eval_tokens, gamma=4, runs=list(plans), make_hooks=make_hooks, windows=windows,
+                    out_dir=out_dir, models={"target": target.model_id, "draft": draft.model_id},
+                    resume_key=resume_key, restart=restart, on_record=on_record, batch=16)

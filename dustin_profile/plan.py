@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dustin_profile.artifact import Profile, check_models, config_hash, load_profile, model_info
-from dustin_runtime.errors import DustinError
+from dustin_runtime.errors import MAX_TOKENS, DustinError
 from dustin_runtime.sparse.config import DEFAULT_SINKS, DEFAULT_WINDOW, DRAFT_KV, SparseConfig
 from dustin_runtime.sparse.policies import policy_class
 
@@ -132,8 +132,7 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
                                                 ("target", cfg.m < cfg.free, cfg.target_heads)) if need and not heads]
         if missing and not prof.has_heads:
             raise DustinError(f"{profile.path} holds no retrieval heads for policy {policy}: Algorithm 1 chose none "
-                              "that raised ARR by its --epsilon; profile again with a smaller --epsilon or more "
-                              "--windows, or use --all-heads without --profile")
+                              "that raised ARR enough; profile again with more --windows (or --retrieval-windows)")
         if missing:
             raise DustinError(f"{profile.path} holds no {missing[0]} retrieval heads, but at budget "
                               f"{budget} its m leaves rows of the {cfg.free} free ones to the {missing[0]} signal")
@@ -205,3 +204,92 @@ def run_identity(target, draft) -> dict:
     """The models, dtype and device of a run (every harness's resume key starts with these)."""
     return {"target": model_identity(target), "draft": model_identity(draft) if draft is not None else None,
             "dtype": str(target.model.dtype).removeprefix("torch."), "device": str(target.model.device)}
+
+
+def parse_ints(text: str, option: str, minimum: int = 1, maximum: int = MAX_TOKENS) -> list[int]:
+    """A comma-separated list of integers in [minimum, maximum], or one clear error naming the option."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DustinError(f"{option} {text!r}: expected comma-separated integers") from None
+    if not vals:
+        raise DustinError(f"{option}: give at least one value")
+    bad = [v for v in vals if v < minimum]
+    if bad:
+        raise DustinError(f"{option}: {bad[0]} is below {minimum}")
+    big = [v for v in vals if v > maximum]
+    if big:
+        raise DustinError(f"{option}: {big[0]} is above {maximum}")
+    return vals
+
+
+def parse_names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_policies(text: str) -> list[str]:
+    """--policy: comma-separated names, or 'all' (every policy)."""
+    from dustin_runtime.sparse.policies import POLICY_CLASSES
+
+    return list(POLICY_CLASSES) if text.strip() == "all" else parse_names(text)
+
+
+def parse_layers(text: str) -> tuple[int, ...] | None:
+    """--refresh-layers: None when not given (the profile's), () for 'none', else layer numbers >= 0."""
+    if not text.strip():
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(parse_ints(text, "--refresh-layers", minimum=0))
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pair_profile(profile: str | Path | None, target: str, draft: str, policies: Sequence[str]) -> Path | None:
+    """--profile, else the committed profile of the pair (profiles/<target>-<draft>.json) where a
+    policy needs retrieval heads and there is one."""
+    if profile is not None or not any(policy_class(p).needs_heads for p in policies):
+        return None if profile is None else Path(profile)
+    found = REPO / "profiles" / f"{Path(target).name}-{Path(draft).name}.json"
+    return found if found.is_file() else None
+
+
+def plan_options(policy: str, budget: str, profile, target: str, draft: str, draft_kv: str | None = None,
+                 refresh: str = "") -> dict[PolicyRun, SparsePlan]:
+    """The runs of --policy x --budget (with --profile, --draft-kv, --refresh-layers as given),
+    checked before any model loads."""
+    names = parse_policies(policy)
+    return plan_runs(names, parse_ints(budget, "--budget"), pair_profile(profile, target, draft, names), None, None,
+                     False, draft_kv, parse_layers(refresh))
+
+
+def plan_decode(policy: str | None, profile, budget: int | None, draft: str | None, draft_kv: str | None,
+                refresh: str, draft_lookup: str | None = None):
+    """`dustin decode`'s one run, checked before any model loads: (the policy, its `SparsePlan`, the
+    parsed --draft-lookup or None). The policy defaults to dustin with a profile, else full; one that
+    reads no profile is refused with one."""
+    from dustin_runtime.lookup import LookupConfig
+
+    lookup = None if draft_lookup is None else LookupConfig.parse(draft_lookup)
+    if lookup is not None and draft is None:
+        raise DustinError("--draft-lookup drafts beside a draft model: give --draft")
+    policy = policy or ("dustin" if profile is not None else "full")
+    cls = policy_class(policy)
+    if profile is not None and not cls.budgeted:
+        raise DustinError(f"--policy {policy} reads no profile: drop --profile, or give a policy that verifies "
+                          "over a set (dustin, streamingllm, quest, ...)")
+    plan = plan_sparse(policy, profile, budget, None, None, False, draft_kv, parse_layers(refresh))
+    if cls.budgeted and draft is None:
+        raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
+    return policy, plan, lookup
+
+
+def bind(plans: dict, target, draft, measure_arr: bool, group=None):
+    """The hooks factory of the planned runs on the loaded pair, and their resume key (models,
+    dtype, device, tensor-parallel world, each run's settings)."""
+    configs = sparse_configs(plans, target, draft)
+    key = {**run_identity(target, draft), "measure_arr": measure_arr, "runs": runs_key(plans, configs)}
+    if group is not None:
+        key["tp"] = {"world": group.world}
+    return hooks_factory(configs, target, draft, measure_arr), key

@@ -50,6 +50,27 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.2%}"
 
 
+def _place(p: str) -> str:
+    """A model id or file as this machine can show it: a path relative to the working folder when
+    inside it, else the file's name (the author's absolute path proves nothing here)."""
+    import os
+
+    if not os.path.isabs(p):
+        return p
+    rel = os.path.relpath(p)
+    return rel if not rel.startswith("..") else f"{Path(p).name} (on the machine that made it)"
+
+
+def _made_by(prof: Profile) -> str:
+    """Schema, and the tool version and commit where the profile records them."""
+    parts = [f"schema {prof.schema_version}"]
+    if prof.tool_version not in ("", "unknown"):
+        parts.append(f"dustin {prof.tool_version}")
+    if prof.git_commit not in ("", "unknown"):
+        parts.append(f"commit {prof.git_commit[:14]}")
+    return ", ".join(parts)
+
+
 def _ratio(d: dict, key: str) -> str:
     v = _num(d, key)
     return "?" if v is None else f"{v:.4f}"
@@ -65,11 +86,11 @@ def render(prof: Profile, folder: Path | None = None) -> list:
     t.add_column("value")
     cal = prof.calibration
     rows = [
-        ("schema / tool / commit", f"{prof.schema_version} / dustin {prof.tool_version} / {prof.git_commit[:14]}"),
+        ("made by", _made_by(prof)),
         ("created", prof.created),
     ]
     for who, info in (("target", prof.target), ("draft", prof.draft)):
-        rows.append((who, f"{info.id}: {info.num_layers} layers x {info.num_heads} heads ({info.num_kv_heads} KV, "
+        rows.append((who, f"{_place(info.id)}: {info.num_layers} layers x {info.num_heads} heads ({info.num_kv_heads} KV, "
                           f"head dim {info.head_dim}); config {info.config_hash}, tokenizer {info.tokenizer_hash}"))
     rows += [
         ("gamma / budget / sinks / window", f"{prof.gamma} / {prof.budget} / {prof.sinks} / {prof.window}"),
@@ -97,7 +118,7 @@ def render(prof: Profile, folder: Path | None = None) -> list:
     if run:
         rows.append(("run", f"{run.get('device')} {run.get('dtype')}, {_sub(run, 'seconds').get('total')} s"))
         if run.get("command"):
-            rows.append(("command", str(run["command"])))
+            rows.append(("command", " ".join(_place(w) for w in str(run["command"]).split())))
     for k, v in rows:
         t.add_row(k, v)
     out.append(t)
@@ -194,3 +215,22 @@ def markdown(prof: Profile, folder: Path | None = None) -> str:
             lines.append(f"| {r['round']} | {_added(r)} | {r['m']} | {r['arr']:.4f} | "
                          f"{r['gain']:+.4f} |")
     return "\n".join(lines) + "\n"
+
+
+def show(path: Path, target: str | None, draft: str | None, as_markdown: bool, console) -> None:
+    """`dustin profile show`: the profile as tables (or markdown); with a target / draft, refused
+    unless made for them."""
+    from dustin_profile.artifact import check_models, load_profile
+    from dustin_profile.run import info_of
+
+    prof = load_profile(path)
+    if target or draft:
+        check_models(prof, info_of(target) if target else prof.target, info_of(draft) if draft else prof.draft,
+                     str(path))
+    if as_markdown:
+        print(markdown(prof, path.parent), end="")
+        return
+    for r in render(prof, path.parent):
+        console.print(r)
+    if target or draft:
+        console.print(f"[green]{path} matches the given model(s)[/]")

@@ -69,3 +69,20 @@ def write_token_counts(out: Path, counts: np.ndarray, tokenizer, *, books: str, 
     }
     atomic_write(out, json.dumps(meta, indent=1) + "\n")
     return out
+
+
+def count_corpus(draft: str, books: Path | None, out: Path, on_book: Callable[[int], None] | None = None
+                 ) -> tuple[Path, dict, int]:
+    """`dustin profile vocab`: every token of the books (default: the Gutenberg train split) counted
+    with `draft`'s tokenizer and written to `out`; returns (path, its JSON, books counted)."""
+    from dustin_eval.corpus import book_paths, gutenberg_split, read_book
+    from dustin_runtime.loader import resolve_checkpoint
+    from dustin_runtime.tokenizer import load_tokenizer
+
+    check_out(out)
+    folder = books or gutenberg_split("train")
+    paths = book_paths(folder)
+    tok = load_tokenizer(resolve_checkpoint(draft))
+    counts = count_tokens(tok, (read_book(p) for p in paths), on_text=on_book)
+    path = write_token_counts(out, counts, tok, books=str(folder), n_books=len(paths), model_id=draft)
+    return path, json.loads(path.read_text()), len(paths)

@@ -1,4 +1,10 @@
-"""The one error type that the CLI turns into a single clear line and a non-zero exit."""
+"""The one error type that the CLI turns into a single clear line and a non-zero exit, and the
+ranges of user-given counts beyond which input is refused with one."""
+
+# Token counts (contexts, budgets, new tokens: beyond any model's context) and other counts
+# (windows, trials, batch sizes: beyond any useful run).
+MAX_TOKENS = 1 << 24
+MAX_COUNT = 1 << 16
 
 
 class DustinError(Exception):

@@ -106,18 +106,19 @@ def _read_text(path: Path, what: str) -> str:
         raise DustinError(f"{path}: unreadable ({e.strerror or e})") from None
 
 
-def read_prompts(
-    prompt: str | None, prompt_file: Path | None, batch_file: Path | None, max_new_tokens: int
-) -> list[PromptSpec]:
-    """Prompts from exactly one of --prompt, --prompt-file (whole file = one prompt) and
-    --batch-file (JSONL: {"prompt": str, "max_new_tokens": int?} per line)."""
-    given = [x is not None for x in (prompt, prompt_file, batch_file)]
-    if sum(given) != 1:
-        raise DustinError("give exactly one of --prompt, --prompt-file, --batch-file")
-    if prompt is not None:
-        return [PromptSpec(prompt, max_new_tokens)]
-    if prompt_file is not None:
-        return [PromptSpec(_read_text(prompt_file, "the prompt file"), max_new_tokens)]
+DEFAULT_PROMPT = "Speculative decoding lets a small draft model propose tokens that a large target model"
+
+
+def read_prompts(prompt: str | None, prompts: Path | None, max_new_tokens: int) -> list[PromptSpec]:
+    """Prompts from --prompt, or --prompts FILE (a .jsonl file: {"prompt": str, "max_new_tokens":
+    int?} per line, a batch; any other file: its whole text, one prompt), or the default prompt."""
+    if prompt is not None and prompts is not None:
+        raise DustinError("give --prompt or --prompts, not both")
+    if prompts is None:
+        return [PromptSpec(DEFAULT_PROMPT if prompt is None else prompt, max_new_tokens)]
+    if prompts.suffix != ".jsonl":
+        return [PromptSpec(_read_text(prompts, "the prompt file"), max_new_tokens)]
+    batch_file = prompts
     out = []
     for i, line in enumerate(_read_text(batch_file, "the batch file").splitlines(), 1):
         if not line.strip():

@@ -21,12 +21,12 @@ t0=$(date +%s)
 
 step "1/3 profile: dustin profile (2 calibration windows of 2048 tokens)"
 dustin profile --target smollm2 --draft models/smollm2-draft --calib "$GUTENBERG/calib" \
-  --context 2048 --windows 2 --positions 4 --budget 256 --out "$OUT/profile.json"
+  --context 2048 --windows 2 --budget 256 --out "$OUT/profile.json"
 
 step "2/3 decode: dustin decode --policy dustin --budget 256 on a 3.5k-token prompt"
 head -c 15000 "$BOOK" > "$OUT/prompt.txt"
 dustin decode --target smollm2 --draft models/smollm2-draft --profile "$OUT/profile.json" \
-  --policy dustin --budget 256 --prompt-file "$OUT/prompt.txt" --max-new-tokens 48 --measure-arr
+  --policy dustin --budget 256 --prompts "$OUT/prompt.txt" --max-new-tokens 48
 
 step "3/3 evaluate: teacher-forced perplexity per policy (2k context, 96 scored tokens)"
 dustin eval pg19 --data "$GUTENBERG/eval" --context 2048 --eval-tokens 96 --windows 1 \

@@ -30,7 +30,7 @@ STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg1
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
-common="--target $TARGET --draft $DRAFT --dtype $DTYPE --device cuda"
+common="--target $TARGET --draft $DRAFT --dtype $DTYPE"  # the device: CUDA when available
 status=0
 run() { echo "+ $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 want() { [ -z "$ONLY" ] || case " $ONLY " in *" $1 "*) true;; *) false;; esac; }
@@ -38,49 +38,49 @@ want_only() { case " $ONLY " in *" $1 "*) true;; *) false;; esac; }  # steps run
 step() { local name=$1; shift; if want "$name"; then echo "== $name"; run "$@"; fi; }
 for ctx in 4096 7168; do  # 7168 + 1024 = the models' 8192 positions
   step pg19 $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 --windows 16 \
-    --batch-size 16 --policy full,dustin,streamingllm,quest,oracle --budget 512 --profile $P1 --refresh-layers none \
+    --policy full,dustin,streamingllm,quest,oracle --budget 512 --profile $P1 --refresh-layers none \
     --out-dir $PGO
 done
-step acceptance $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 8 \
-  --max-new-tokens 256 --budgets 512 --policies full,dustin,streamingllm,quest,oracle --profile $P1 --refresh-layers none \
-  --out-dir $ACO --name smollm2-draft
-step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
-  --windows 8 --max-new-tokens 256 --budgets 512 --policies dustin,streamingllm --draft-kv verify-set \
-  --profile $P1 --refresh-layers none --out-dir $ACO --name smollm2-draft-verify-set
+step acceptance $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 8 \
+  --max-new-tokens 256 --budget 512 --policy full,dustin,streamingllm,quest,oracle --profile $P1 --refresh-layers none \
+  --out $ACO/smollm2-draft
+step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
+  --windows 8 --max-new-tokens 256 --budget 512 --policy dustin,streamingllm --draft-kv verify-set \
+  --profile $P1 --refresh-layers none --out $ACO/smollm2-draft-verify-set
 for ctx in 4096 7168; do  # dustin without refresh: the pg19 step's records (same windows)
   step pg19-refresh $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
-    --windows 16 --batch-size 16 --policy full,dustin --budget 512 --profile $P1 $refresh \
+    --windows 16 --policy full,dustin --budget 512 --profile $P1 $refresh \
     --out-dir $PGO/refresh
 done
-step acceptance-refresh $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
-  --windows 8 --max-new-tokens 256 --budgets 512 --policies full,dustin $refresh --profile $P1 \
-  --out-dir $ACO --name smollm2-draft-refresh
+step acceptance-refresh $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
+  --windows 8 --max-new-tokens 256 --budget 512 --policy full,dustin $refresh --profile $P1 \
+  --out $ACO/smollm2-draft-refresh
 for ctx in 4096 7168; do  # dustin with the profile's refresh layers at larger budgets
   step pg19-refresh-budgets $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
-    --windows 16 --batch-size 16 --policy full,dustin --budget 768,1024 --profile $P1 $refresh \
+    --windows 16 --policy full,dustin --budget 768,1024 --profile $P1 $refresh \
     --out-dir $PGO/budgets-refresh
 done
-step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 \
-  --windows 8 --max-new-tokens 256 --budgets 768 --policies full,dustin $refresh --profile $P1 \
-  --out-dir $ACO --name smollm2-draft-refresh-768
+step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
+  --windows 8 --max-new-tokens 256 --budget 768 --policy full,dustin $refresh --profile $P1 \
+  --out $ACO/smollm2-draft-refresh-768
 if want_only acceptance-draft-paired; then  # each step drafted twice (set and whole cache), both verified in full
   echo "== acceptance-draft-paired"
-  run $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 24 \
-    --max-new-tokens 256 --budgets 512 --policies dustin --draft-kv verify-set --profile $P1 $refresh \
-    --out-dir $ACP --name smollm2-draft-verify-set
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 24 \
+    --max-new-tokens 256 --budget 512 --policy dustin --draft-kv verify-set --profile $P1 $refresh \
+    --out $ACP/smollm2-draft-verify-set
 fi
 if want_only acceptance-draft-paired-books; then  # 3 windows of every eval book; intervals resample books
   echo "== acceptance-draft-paired-books"
-  run $PY -m dustin.cli eval acceptance $common --books-dir "$BOOKS" --contexts 4096,8192 --windows 72 \
-    --windows-per-book 3 --max-new-tokens 256 --budgets 512 --policies dustin --draft-kv verify-set --profile $P1 \
-    $refresh --out-dir $ACB --name smollm2-draft-verify-set
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 72 \
+    --windows-per-book 3 --max-new-tokens 256 --budget 512 --policy dustin --draft-kv verify-set --profile $P1 \
+    $refresh --out $ACB/smollm2-draft-verify-set
 fi
 if want_only acceptance-lookup; then
   echo "== acceptance-lookup"
-  lk="$common --books-dir $BOOKS --contexts 4096,8192 --windows 24 --max-new-tokens 256 --budgets 512 --profile $P1 --out-dir $ACP"
-  run $PY -m dustin.cli eval acceptance $lk $refresh --policies full,dustin --draft-kv verify-set --draft-lookup 4:2 \
-    --name smollm2-draft-lookup4-2
-  run $PY -m dustin.cli eval acceptance $lk --policies full --draft-lookup 4:1 --no-paired --no-arr \
-    --name smollm2-draft-lookup4-1
+  lk="$common --data $BOOKS --contexts 4096,8192 --windows 24 --max-new-tokens 256 --budget 512 --profile $P1"
+  run $PY -m dustin.cli eval acceptance $lk $refresh --policy full,dustin --draft-kv verify-set --draft-lookup 4:2 \
+    --out $ACP/smollm2-draft-lookup4-2
+  run $PY -m dustin.cli eval acceptance $lk --policy full --draft-lookup 4:1 --no-paired --no-arr \
+    --out $ACP/smollm2-draft-lookup4-1
 fi
 exit $status

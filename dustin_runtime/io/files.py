@@ -249,12 +249,32 @@ def check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...] = ()
     agree(error)
 
 
+def tracked(paths: list[Path]) -> list[str]:
+    """The files among `paths` (and inside the folders among them) that git tracks, where they lie
+    in a git checkout (none elsewhere, or without git)."""
+    import subprocess
+
+    if not paths:
+        return []
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", *(str(p.resolve()) for p in paths)],
+                             cwd=paths[0].resolve().parent, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [f for f in out.stdout.decode(errors="replace").split("\0") if f] if out.returncode == 0 else []
+
+
 def _check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...], *, restart: bool,
                       where: str | None) -> None:
     path = Path(path)
     where = where or str(path.parent)
     key = json.loads(json.dumps(key, default=str))  # compare as stored
     present = [p for p in records if p.exists()]
+    if restart and present:
+        kept = tracked(present + ([path] if path.exists() else []))
+        if kept:
+            raise DustinError(f"--restart would delete files git tracks in {where} ({kept[0]}); write to a "
+                              "folder of your own instead (runs/ is git-ignored), or remove them with git")
     old = None if restart else read_json(path, "resume key")
     if old is None and present and not restart:
         raise DustinError(f"{where} holds records without a resume key ({present[0].name}; made by an older "

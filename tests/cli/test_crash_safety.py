@@ -70,8 +70,8 @@ def data(tmp_path_factory, small_models, write_profile):
 
 def profile_args(data, out, *extra):
     return ["profile", "--target", data["T"], "--draft", data["D"], "--calib", data["books"], "--context", "192",
-            "--windows", "4", "--positions", "3", "--budget", "64", "--gamma", "3", "--sinks", "4", "--window", "16",
-            "--budgets", "32,64", "--max-heads", "3", "--epsilon", "0", "--out", out, *extra]
+            "--windows", "4", "--budget", "64", "--sinks", "4", "--window", "16", "--max-heads", "3", "--out", out,
+            *extra]
 
 
 def artifact(out: Path):
@@ -175,44 +175,41 @@ def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path, assert_o
 
 def test_other_settings_refused_and_restart(cli, data, tmp_path, assert_one_line_error):
     pg = ["eval", "pg19", "--data", data["books"], "--target", data["T"], "--draft", data["D"], "--context", "48",
-          "--eval-tokens", "10", "--windows", "1", "--policy", "full,streamingllm", "--budget", "16",
-          "--sinks", "2", "--out-dir", tmp_path / "pg"]
-    assert cli(*pg, "--window", "4").returncode == 0
-    assert_one_line_error(cli(*pg, "--window", "6"), "records made with other settings",
-                          "runs.streamingllm@16.sparse.window: 4 -> 6", "--restart", code=2)
-    assert cli(*pg[:-6], "--budget", "16,24", *pg[-4:], "--window", "4").returncode == 0  # another budget: added
-    assert cli(*pg, "--window", "6", "--restart").returncode == 0
+          "--eval-tokens", "10", "--windows", "1", "--policy", "full,dustin", "--out-dir", tmp_path / "pg"]
+    assert cli(*pg, "--budget", "32", "--profile", data["P1"]).returncode == 0
+    assert_one_line_error(cli(*pg, "--budget", "32", "--profile", data["P2"]), "records made with other settings",
+                          "runs.dustin@32.profile", "--restart", code=2)
+    assert cli(*pg, "--budget", "32,40", "--profile", data["P1"]).returncode == 0  # another budget: added
+    assert cli(*pg, "--budget", "32", "--profile", data["P2"], "--restart").returncode == 0
     recs = [json.loads(x) for x in (tmp_path / "pg" / "records-48.jsonl").read_text().splitlines()]
-    assert [r["policy_stats"]["window"] for r in recs if r["policy"] == "streamingllm"] == [6]
+    assert [r["policy_stats"]["m"] for r in recs if r["policy"] == "dustin"] == [3]  # P2: m 10 at S = 64, scaled to 32
 
-    lb = lb_args(data, tmp_path / "lb", "--limit", "1")
-    assert cli(*lb, "--gamma", "3").returncode == 0
-    assert_one_line_error(cli(*lb, "--gamma", "4"), "gamma: 3 -> 4", code=2)
+    lb = lb_args(data, tmp_path / "lb", "--limit", "1", "--policy", "dustin", "--budget", "32")  # the last --policy
+    assert cli(*lb, "--profile", data["P1"]).returncode == 0
+    assert_one_line_error(cli(*lb, "--profile", data["P2"]), "records made with other settings", code=2)
 
-    pk = ["eval", "passkey", "--filler", data["books"], "--target", data["T"], "--draft", data["D"], "--contexts",
-          "160", "--depths", "0.5", "--policy", "dustin", "--budget", "40", "--max-new-tokens", "2",
-          "--out-dir", tmp_path / "pk"]
+    pk = ["eval", "passkey", "--target", data["T"], "--draft", data["D"], "--contexts", "160", "--policy", "dustin",
+          "--budget", "40", "--out-dir", tmp_path / "pk"]
     assert cli(*pk, "--profile", data["P1"]).returncode == 0
     assert_one_line_error(cli(*pk, "--profile", data["P2"]), "runs.dustin@40.profile", code=2)
 
-    acc = ["eval", "acceptance", "--target", data["T"], "--draft", data["D"], "--books-dir", data["books"],
-           "--contexts", "64", "--windows", "1", "--max-new-tokens", "3", "--budgets", "32", "--policies",
-           "full,streamingllm", "--sinks", "2", "--out-dir", tmp_path / "acc", "--name", "x"]
-    assert cli(*acc, "--window", "8").returncode == 0
-    assert_one_line_error(cli(*acc, "--window", "6"), "runs.S=32.window: 8 -> 6", code=2)
+    acc = ["eval", "acceptance", "--target", data["T"], "--draft", data["D"], "--data", data["books"],
+           "--contexts", "64", "--windows", "1", "--max-new-tokens", "3", "--budget", "32", "--policy",
+           "full,streamingllm", "--out", tmp_path / "acc" / "x"]
+    assert cli(*acc, "--profile", data["P1"]).returncode == 0
+    assert_one_line_error(cli(*acc, "--profile", data["P2"]), "records made with other settings", code=2)
 
 
 def test_zero_head_profile_is_written_with_a_warning_and_refused_for_dustin(cli, data, tmp_path, assert_one_line_error):
     out = tmp_path / "p.json"
-    args = profile_args(data, out)
-    p = cli(*args[: args.index("--epsilon")], "--windows", "1", "--out", out)  # the default --epsilon
+    p = cli(*profile_args(data, out, "--windows", "1"))
     assert p.returncode == 0, p.stderr
     if json.loads(out.read_text())["target_heads"]:
         pytest.skip("the search found heads on this pair")  # the tiny random pair finds none (issue 12)
-    assert "no retrieval head raised ARR by --epsilon" in p.stdout
+    assert "no retrieval head raised ARR by" in p.stdout
     dec = cli("decode", "--target", data["T"], "--draft", data["D"], "--prompt", "hi", "--policy", "dustin",
               "--profile", out)
-    assert_one_line_error(dec, f"{out} holds no retrieval heads", "smaller --epsilon", code=2)
+    assert_one_line_error(dec, f"{out} holds no retrieval heads", "more --windows", code=2)
     full = cli("decode", "--target", data["T"], "--draft", data["D"], "--prompt", "hi", "--max-new-tokens", "2",
                "--policy", "streamingllm", "--profile", out)  # its sinks and window still serve other policies
     assert full.returncode == 0, full.stderr

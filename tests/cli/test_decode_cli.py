@@ -15,7 +15,7 @@ def models(small_models):
 def test_decode_json_record_speculative_equals_autoregressive(models, tmp_path, run_cli):
     f = tmp_path / "batch.jsonl"
     f.write_text('{"prompt": "Once upon a time"}\n{"prompt": "The river ran", "max_new_tokens": 5}\n')
-    common = ["--target", str(models["llama"]), "--batch-file", str(f), "--max-new-tokens", "9", "--json"]
+    common = ["--target", str(models["llama"]), "--prompts", str(f), "--max-new-tokens", "9", "--json"]
     ar = json.loads(run_cli("decode", *common, ok=True).stdout.strip().splitlines()[-1])
     sd = json.loads(run_cli("decode", *common, "--draft", str(models["llama_draft"]), "--gamma", "3",
                             ok=True).stdout.strip().splitlines()[-1])
@@ -34,7 +34,7 @@ def test_decode_with_a_vocabulary_subset_draft_keeps_the_tokens(models, tmp_path
     (books / "a.txt").write_text("Once upon a time the river ran to the sea. " * 40)
     (books / "b.txt").write_text("The cat and the dog sat by the fire, and the night was long. " * 30)
     counts = tmp_path / "vocab.json"
-    p = run_cli("profile", "vocab", "--draft", models["llama_draft"], "--books-dir", books, "--out", counts, ok=True)
+    p = run_cli("profile", "vocab", "--draft", models["llama_draft"], "--data", books, "--out", counts, ok=True)
     assert "tokens of 2 books" in p.stdout and (tmp_path / "vocab.counts.parquet").exists()
     common = ["--target", str(models["llama"]), "--prompt", "Once upon a time", "--max-new-tokens", "9", "--json"]
     ar = json.loads(run_cli("decode", *common, ok=True).stdout.strip().splitlines()[-1])

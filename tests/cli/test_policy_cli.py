@@ -1,4 +1,4 @@
-"""`dustin decode --policy/--profile/--budget/--measure-arr` in a subprocess: a profile for other
+"""`dustin decode --policy/--profile/--budget` in a subprocess: a profile for other
 models, a budget below sinks + window and a missing profile are refused with one line; a sparse
 policy at a budget covering the context gives the tokens of full verification."""
 
@@ -51,7 +51,7 @@ def full(setup, run_cli):
 
 
 def common(s, *extra):
-    return ["decode", "--target", str(s["t"]), "--draft", str(s["d"]), "--batch-file", str(s["prompts"]),
+    return ["decode", "--target", str(s["t"]), "--draft", str(s["d"]), "--prompts", str(s["prompts"]),
             "--max-new-tokens", "8", "--gamma", "3", *extra]
 
 
@@ -63,8 +63,6 @@ def test_profile_for_another_model_is_refused(setup, run_cli, assert_one_line_er
 def test_budget_below_sinks_plus_window_is_refused(setup, run_cli, assert_one_line_error):
     p = run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "10"))
     assert_one_line_error(p, "budget 10 is smaller than sinks + window (4 + 16)")
-    p = run_cli(*common(setup, "--policy", "streamingllm", "--budget", "32", "--window", "40"))
-    assert_one_line_error(p, "budget 32 is smaller than sinks + window (4 + 40)")
 
 
 def test_head_policy_without_profile_and_unknown_policy_are_refused(setup, run_cli, assert_one_line_error):
@@ -76,11 +74,20 @@ def test_head_policy_without_profile_and_unknown_policy_are_refused(setup, run_c
 
 def test_sparse_policy_records_arr_and_full_budget_matches_full(setup, full, run_cli):
     small = json.loads(run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "24",
-                                       "--measure-arr", "--json"), ok=True).stdout.strip().splitlines()[-1])
+                                       "--json"), ok=True).stdout.strip().splitlines()[-1])
     s = small["stats"]
     assert s["policy"] == "dustin" and s["extra"]["budget"] == 24 and s["extra"]["m"] == 2
-    assert 0 < s["extra"]["arr"] <= 1 and len(s["extra"]["arr_per_sequence"]) == 2
     assert "mean_accepted" in s and "mean_tokens_per_step" in s
     big = json.loads(run_cli(*common(setup, "--policy", "dustin", "--profile", str(setup["profile"]), "--budget", "4096",
                                      "--json"), ok=True).stdout.strip().splitlines()[-1])
     assert big["tokens"] == full["tokens"]
+
+
+def test_a_profile_implies_dustin_and_a_policy_reading_none_is_refused(setup, run_cli, assert_one_line_error):
+    """--profile without --policy runs dustin; --policy full (which reads no profile) with --profile
+    is refused in one line that names the fix."""
+    rec = json.loads(run_cli(*common(setup, "--profile", str(setup["profile"]), "--budget", "24", "--json"),
+                             ok=True).stdout.strip().splitlines()[-1])
+    assert rec["stats"]["policy"] == "dustin"
+    assert_one_line_error(run_cli(*common(setup, "--policy", "full", "--profile", str(setup["profile"]))),
+                          "--policy full reads no profile", "drop --profile")

@@ -20,7 +20,7 @@ def pair(small_models, write_profile, tmp_path_factory):
 
 
 def _decode(pair, *extra):
-    return ["decode", "--target", pair["target"], "--draft", pair["draft"], "--batch-file", pair["prompts"],
+    return ["decode", "--target", pair["target"], "--draft", pair["draft"], "--prompts", pair["prompts"],
             "--max-new-tokens", "8", "--gamma", "3", "--json", *extra]
 
 
@@ -62,7 +62,7 @@ def test_tp_larger_than_the_visible_gpus(pair, tp_run):
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine shows 2 GPUs")
-    _one_line_on_rank0(tp_run.cli(2, *_decode(pair), "--tp", "2", "--device", "cuda"),
+    _one_line_on_rank0(tp_run.cli(2, "bench", "e2e", "--tp", "2"),  # bench e2e runs on CUDA
                        "--tp 2 puts 2 processes on this machine", "GPU")
 
 
@@ -93,8 +93,8 @@ def test_eval_under_the_launcher_writes_once_and_resumes(pair, tp_run, gutenberg
     every rank alike; a changed setting is refused on rank 0 with one line."""
     out = tmp_path / "acc"
     args = ["eval", "acceptance", "--target", pair["target"], "--draft", pair["draft"], "--contexts", "96",
-            "--windows", "2", "--max-new-tokens", "4", "--budgets", "32", "--window", "8", "--policies", "streamingllm", "--no-arr",
-            "--no-paired", "--books-dir", gutenberg_eval_dir, "--out-dir", out, "--name", "tp", "--tp", "2"]
+            "--windows", "2", "--max-new-tokens", "4", "--budget", "80", "--policy", "streamingllm", "--no-arr",
+            "--no-paired", "--data", gutenberg_eval_dir, "--out", out / "tp", "--tp", "2"]
     for _ in range(2):
         ranks = tp_run.cli(2, *args)
         assert [rc for rc, _, _ in ranks] == [0, 0], ranks[0][2] + ranks[1][2]

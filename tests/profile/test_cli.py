@@ -13,8 +13,8 @@ from dustin_runtime.errors import DustinError
 def made(models, calib_text, tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("cli") / "p.json"
     p = run_cli("profile", "--target", str(models["target"]), "--draft", str(models["draft"]), "--calib", str(calib_text),
-                "--context", "128", "--windows", "1", "--positions", "2", "--budget", "40", "--gamma", "2",
-                "--sinks", "2", "--window", "8", "--budgets", "24,40", "--max-heads", "2", "--out", str(out))
+                "--context", "128", "--windows", "1", "--budget", "40",
+                "--sinks", "2", "--window", "8", "--max-heads", "2", "--out", str(out))
     assert p.returncode == 0, p.stderr
     return out, p
 
@@ -64,3 +64,12 @@ def test_profile_usage_errors(run_cli, assert_one_line_error):
     assert_one_line_error(run_cli("profile", "--target", "x"), "needs --target and --draft")
     p = run_cli("profile", "--help")
     assert p.returncode == 0 and "--target" in p.stdout and "show" in p.stdout
+
+
+def test_show_prints_only_what_the_profile_proves(run_cli):
+    """The committed profile (made on another machine, without an installed version) shows no
+    'dustin unknown' and none of its author's absolute paths."""
+    p = run_cli("profile", "show", "profiles/smollm2-draft.json", ok=True)
+    assert "made by" in p.stdout and "schema 3" in p.stdout
+    assert "dustin unknown" not in p.stdout and "/tmp/" not in p.stdout
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf (on the machine that made it)" in p.stdout

@@ -135,8 +135,8 @@ def test_bad_refresh_layers_refused(made, tmp_path, value, needle):
 
 def test_bad_max_refresh_refused(models, calib_text, tmp_path, run_cli, assert_one_line_error):
     args = ("profile", "--target", models["other"], "--draft", models["draft"], "--calib", calib_text,
-            "--context", "128", "--windows", "1", "--budget", "40", "--gamma", "2", "--sinks", "2", "--window", "8",
-            "--budgets", "40", "--out", tmp_path / "p.json")
+            "--context", "128", "--windows", "1", "--budget", "40", "--sinks", "2", "--window", "8",
+            "--out", tmp_path / "p.json")
     assert_one_line_error(run_cli(*args, "--max-refresh", "-1"), "--max-refresh must be >= 0", code=2)
     assert_one_line_error(run_cli(*args, "--max-refresh", "4"), "--max-refresh 4 exceeds", "3 layers", code=2)
     assert not (tmp_path / "p.json").exists()

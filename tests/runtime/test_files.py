@@ -101,3 +101,28 @@ def test_torn_key_without_records_starts_afresh(tmp_path):
     (tmp_path / "meta.json").write_text("")  # a kill during an (older, in-place) write of the key
     check_resume_key(tmp_path / "meta.json", {"a": 1}, (tmp_path / "w000.pt",))
     assert json.loads((tmp_path / "meta.json").read_text()) == {"a": 1}
+
+
+def test_restart_never_deletes_files_git_tracks(tmp_path):
+    """In a git checkout, --restart refuses (one line naming the folder) to delete records git
+    tracks, and still discards untracked ones."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    records = repo / "results" / "records.jsonl"
+    key_path = repo / "results" / "key.json"
+    check_resume_key(key_path, {"a": 1}, (records,))
+    records.write_text('{"a": 1}\n')
+    subprocess.run(["git", "-C", str(repo), "add", "results"], check=True)
+    with pytest.raises(DustinError) as e:
+        check_resume_key(key_path, {"a": 2}, (records,), restart=True, where="results")
+    assert "git tracks in results" in str(e.value) and "\n" not in str(e.value)
+    assert records.read_text() == '{"a": 1}\n'  # nothing deleted
+    scratch = repo / "runs" / "records.jsonl"  # not tracked: discarded as before
+    scratch.parent.mkdir()
+    check_resume_key(repo / "runs" / "key.json", {"a": 1}, (scratch,))
+    scratch.write_text("x\n")
+    check_resume_key(repo / "runs" / "key.json", {"a": 2}, (scratch,), restart=True)
+    assert not scratch.exists()
