@@ -58,9 +58,9 @@ class BenchConfig:
     batch: int
     budget: int
     gamma: int = 4  # draft tokens; M = gamma + 1 verification queries
-    sinks: int = 16
+    sinks: int = 4  # the product's defaults (`sparse.config`), and bench e2e's m: random weights have no profile
     window: int = 64
-    m: int = 216  # top-m by the first score; the rest of the budget by the second
+    m: int = 112  # top-m by the first score; the rest of the budget by the second
     srh_layers: int = 2  # the estimate: SRH scoring over this many layers ...
     srh_kv_heads_per_layer: int = 2  # ... of this many KV heads each (4 KV heads in all)
     refresh_layers: int = 0  # dustin's refresh layers: each scores every KV head of its layer, then selects

@@ -39,7 +39,12 @@ def write_plots(out: Path, prof: Profile) -> dict[str, str]:
 
     names = {}
 
-    def save(fig, name):
+    def save(fig, ax, name, title, xlabel, ylabel, **legend):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(_title(prof, title), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(**{"fontsize": 8, **legend})
         path = out.with_suffix(f".{name}.png")
         fig.tight_layout()
         fig.savefig(path, dpi=110)
@@ -50,12 +55,8 @@ def write_plots(out: Path, prof: Profile) -> dict[str, str]:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for method, df in layers.groupby("method", sort=False):
         ax.plot(df["layer"], df["arr"], label=method, **STYLE.get(method, {}))
-    ax.set_xlabel("target layer")
-    ax.set_ylabel("ARR of the layer's attention")
-    ax.set_title(_title(prof, "Per-layer ARR: draft lookahead vs target history signal"), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    save(fig, "complementarity")
+    save(fig, ax, "complementarity", "Per-layer ARR: draft lookahead vs target history signal", "target layer",
+         "ARR of the layer's attention")
 
     rounds = table("rounds")
     fig, ax = plt.subplots(figsize=(8, 4.2))
@@ -67,23 +68,14 @@ def write_plots(out: Path, prof: Profile) -> dict[str, str]:
     for k, v in prof.arr_baselines.items():
         ax.axhline(v, label=k, **{kk: vv for kk, vv in STYLE.get(k, {}).items() if kk != "marker"})
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("greedy round (heads chosen)")
-    ax.set_ylabel("ARR")
-    ax.set_title(_title(prof, "ARR over the greedy rounds of Algorithm 1"), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    save(fig, "rounds")
+    save(fig, ax, "rounds", "ARR over the greedy rounds of Algorithm 1", "greedy round (heads chosen)", "ARR",
+         fontsize=7, loc="lower right")
 
     budgets = table("budgets")
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for method, df in budgets.groupby("method", sort=False):
         ax.plot(df["budget"], df["arr"], label=method, **{"marker": ".", **STYLE.get(method, {})})
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget S (tokens)")
-    ax.set_ylabel("ARR")
-    ax.set_title(_title(prof, "ARR vs budget"), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    save(fig, "budget")
+    save(fig, ax, "budget", "ARR vs budget", "budget S (tokens)", "ARR")
 
     return names

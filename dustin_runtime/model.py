@@ -63,15 +63,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [B, T, d]
-        layer: int,
-        rope: Rope,
-        cache: KVCache,
-        backend: AttentionBackend,
-        ctx: ForwardContext,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, rope: Rope, cache: KVCache, backend: AttentionBackend,
+                ctx: ForwardContext) -> torch.Tensor:
+        """x [B, T, d] -> the attention block's output [B, T, d] (summed over ranks under TP)."""
         o = self.attend_qkv(self.wqkv(x), layer, rope, cache, backend, ctx)  # [B, T, H * D]
         out = self.wo(o)  # [B, T, d]
         return out if self.tp is None else self.tp.all_reduce_(out)

@@ -124,6 +124,24 @@ def tiny_hf(tmp_path):
     return make
 
 
+@pytest.fixture
+def perturbed_pair(tiny_hf):
+    """perturbed_pair(kind, seed, scale) -> (target, draft): a tiny target and its copy with weights
+    moved by scale x their std of noise (seed + 1), a draft that agrees often but not always."""
+    from dustin_runtime.loader import load_model
+
+    def make(kind: str, seed: int, scale: float):
+        folder, _ = tiny_hf(kind, seed=seed)
+        target, draft = load_model(str(folder))[0], load_model(str(folder))[0]
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(scale * p.std() * torch.randn(p.shape, generator=g))
+        return target, draft
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_with_tokenizer(shared_dir):
     """Factory: tiny_with_tokenizer(folder, family, **overrides) -> folder: a tiny random checkpoint

@@ -14,17 +14,10 @@ from dustin_runtime.speculative import speculative_generate
 
 
 @pytest.fixture
-def pair(tiny_hf):
+def pair(perturbed_pair):
     """A target and a draft sharing the vocabulary; the draft is the target with noisy weights, so
     it agrees often but not always."""
-    tfolder, _ = tiny_hf("llama3", seed=11)
-    target, _ = load_model(str(tfolder))
-    draft, _ = load_model(str(tfolder))
-    g = torch.Generator().manual_seed(12)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.6 * p.std() * torch.randn(p.shape, generator=g))
-    return target, draft
+    return perturbed_pair("llama3", 11, 0.6)
 
 
 PROMPTS = [[5, 9, 17, 3], [44, 2, 8, 90, 13, 7, 7, 21, 60, 1, 33], [100]]

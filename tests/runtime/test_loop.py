@@ -6,7 +6,6 @@ import torch
 
 from dustin_runtime.engine import Engine
 from dustin_runtime.generate import generate
-from dustin_runtime.loader import load_model
 from dustin_runtime.sampling import SamplingConfig
 from dustin_runtime.sparse.config import SparseConfig
 from dustin_runtime.sparse.policies import make_policy
@@ -14,16 +13,9 @@ from dustin_runtime.speculative import AcceptReplay, speculative_generate
 
 
 @pytest.fixture
-def pair(tiny_hf):
+def pair(perturbed_pair):
     """A target and a draft that agree often but not always (the draft is the target, perturbed)."""
-    tfolder, _ = tiny_hf("qwen2", seed=31)
-    target, _ = load_model(str(tfolder))
-    draft, _ = load_model(str(tfolder))
-    g = torch.Generator().manual_seed(32)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.5 * p.std() * torch.randn(p.shape, generator=g))
-    return target, draft
+    return perturbed_pair("qwen2", 31, 0.5)
 
 
 PROMPTS = [[5, 9, 17, 3, 8, 1, 30, 2, 44, 9], [44, 2, 8, 90, 13, 7, 7, 21, 60, 1, 33, 4, 4, 19], [100, 3, 3]]
