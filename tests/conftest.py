@@ -378,7 +378,26 @@ def _write_profile(path, target, draft, *, heads=True, **over):
 
 # ---- tensor parallelism on CPU: ranks forked from a server that imported everything once ----
 
-class TPRunner:
+class _ForkServer:
+    """A fork server's client (`tests/cli/cli_server.py`, `tests/runtime/tp_server.py`): started on
+    first use, closed at the end of the session (`_serving`)."""
+
+    proc = None
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def _serving(runner: _ForkServer):
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+class TPRunner(_ForkServer):
     """tp.case(name, world, **kwargs) -> each rank's return value of `tests/runtime/tp_cases.NAME(tp, ...)`
     in a gloo group of `world` processes (a failing rank fails the test with its stderr);
     tp.one(name, **kwargs) -> the same in this process without tensor parallelism;
@@ -426,18 +445,11 @@ class TPRunner:
         rc = self._ask(req)
         return [(code, self._read(req, r, "out"), self._read(req, r, "err")) for r, code in enumerate(rc)]
 
-    def close(self):
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-
 
 @pytest.fixture(scope="session")
 def tp_run(tmp_path_factory):
     """A `TPRunner` (see it) for the session."""
-    runner = TPRunner(tmp_path_factory.mktemp("tp-runs"))
-    yield runner
-    runner.close()
+    yield from _serving(TPRunner(tmp_path_factory.mktemp("tp-runs")))
 
 
 # ---- the `dustin` command through a fork server (tests/cli/cli_server.py) ----
@@ -459,7 +471,7 @@ def base_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "TOKENIZERS_PARALLELISM": "false"}
 
 
-class Cli:
+class Cli(_ForkServer):
     def __init__(self, cache: Path):
         self.env = {"DUSTIN_CACHE": str(cache)}
         self.plain = os.environ.get("DUSTIN_TEST_SUBPROCESS") == "1"
@@ -485,15 +497,8 @@ class Cli:
         answer = json.loads(server.stdout.readline())
         return Ran(answer["rc"], answer["stdout"], answer["stderr"])
 
-    def close(self):
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-
 
 @pytest.fixture(scope="session")
 def cli(tmp_path_factory):
     """cli(*args, cwd=None, env=None, timeout=300) -> Ran(returncode, stdout, stderr) of `dustin ARGS`."""
-    runner = Cli(tmp_path_factory.mktemp("dustin-cache"))
-    yield runner
-    runner.close()
+    yield from _serving(Cli(tmp_path_factory.mktemp("dustin-cache")))

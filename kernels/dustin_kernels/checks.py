@@ -18,3 +18,15 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def poisoned(shape, dtype, device) -> torch.Tensor:
     """An output buffer full of NaN, so any element a kernel fails to write fails the check."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def ragged_lens(B: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """B int32 lengths in [lo, hi], the first one equal to hi (a ragged batch for the kernel tests)."""
+    lens = torch.randint(lo, hi + 1, (B,), generator=gen)
+    lens[0] = hi
+    return lens.to(torch.int32)
+
+
+def kernel_device() -> str:
+    """Where the kernel tests run: CUDA when there is a GPU, else the CPU (Triton's interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -28,19 +28,18 @@ import torch
 import triton
 import triton.language as tl
 
-from dustin_kernels._util import (
-    LOG2E,
-    cdiv,
-    check_lens,
-    check_out,
-    next_pow2,
-    num_sms,
-    require,
-    ticket_counters,
-)
+from dustin_kernels import _util as u
 
 NEG_BIG = tl.constexpr(-1.0e30)
 PROBS_MAX_BYTES = 1 << 30  # scratch for the stored probabilities; beyond it, two passes over the keys
+
+
+@triton.jit
+def _tile(M, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Query rows and head-dim lanes of a program's tile, and their masks."""
+    rm = tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    return rm, rd, rm < M, rd < D
 
 
 @triton.jit
@@ -58,10 +57,7 @@ def _srh_stats_kernel(
     b = tl.program_id(2)
     b64 = b.to(tl.int64)
     DT: tl.constexpr = K.dtype.element_ty
-    rm = tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    mrow = rm < M
-    dmask = rd < D
+    rm, rd, mrow, dmask = _tile(M, D, BLOCK_M, BLOCK_D)
     qb = Q + b64 * sqb + h * sqh
     if QROWS:  # queries as the MMA's M side (>= 64 rows): the per-query reductions stay in a thread
         qm = tl.load(qb + rm[:, None] * sqm + rd[None, :] * sqd,
@@ -153,10 +149,7 @@ def _srh_score_kernel(
     b = n_batch - 1 - tl.program_id(1)  # reverse batch order: start where pass 1 ended (L2)
     b64 = b.to(tl.int64)
     DT: tl.constexpr = K.dtype.element_ty
-    rm = tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    mrow = rm < M
-    dmask = rd < D
+    rm, rd, mrow, dmask = _tile(M, D, BLOCK_M, BLOCK_D)
     L = tl.load(LENS + b)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, n_max)
@@ -265,23 +258,23 @@ def srh_scores(
     rows are one element longer than the block: an unaligned row is stored straight from the MMA
     layout, ~1.8x faster than a vectorised store after a shared-memory shuffle (measured on the H200).
     """
-    require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
-    require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
+    u.require(reduce in ("sum", "max"), f"reduce must be 'sum' or 'max', got {reduce!r}")
+    u.require(q.dim() == 4, f"q must be [B, Hs, M, D], got {list(q.shape)}")
     B, HS, M, D = q.shape
-    require(k_cache.dim() == 4 and k_cache.shape[0] == B and k_cache.shape[3] == D,
+    u.require(k_cache.dim() == 4 and k_cache.shape[0] == B and k_cache.shape[3] == D,
             f"k_cache must be [B={B}, G, N_max, D={D}], got {list(k_cache.shape)}")
-    require(k_cache.dtype == q.dtype, "q and k_cache must share a dtype")
-    require(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
-    require(kv_heads.dtype == torch.int32 and tuple(kv_heads.shape) == (HS,),
+    u.require(k_cache.dtype == q.dtype, "q and k_cache must share a dtype")
+    u.require(q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}")
+    u.require(kv_heads.dtype == torch.int32 and tuple(kv_heads.shape) == (HS,),
             f"kv_heads must be int32 [{HS}], got {kv_heads.dtype} {list(kv_heads.shape)}")
-    require(kv_heads.device == q.device and kv_heads.is_contiguous(), "kv_heads must be contiguous, on q's device")
-    check_lens(cache_lens, B, q.device)
-    require(not accumulate or out is not None, "accumulate=True needs out")
+    u.require(kv_heads.device == q.device and kv_heads.is_contiguous(), "kv_heads must be contiguous, on q's device")
+    u.check_lens(cache_lens, B, q.device)
+    u.require(not accumulate or out is not None, "accumulate=True needs out")
     N = k_cache.shape[2]
-    out = check_out(out, (B, N), torch.float32, q.device)
+    out = u.check_out(out, (B, N), torch.float32, q.device)
     scale = 1.0 / math.sqrt(D)
-    BLOCK_M = max(16, next_pow2(M))
-    BLOCK_D = max(16, next_pow2(D))
+    BLOCK_M = max(16, u.next_pow2(M))
+    BLOCK_D = max(16, u.next_pow2(D))
     if block_n is None:  # measured on the H200 (kernels/NOTES.md): 128 at 5 and at 40 queries
         block_n = 128
     if num_warps is None:
@@ -290,17 +283,17 @@ def srh_scores(
         num_stages = 3
     if queries_as_m is None:
         queries_as_m = BLOCK_M >= 64
-    n_sm = num_sms(q.device) if sms is None else max(1, int(sms))
+    n_sm = u.num_sms(q.device) if sms is None else max(1, int(sms))
     if num_splits is None:
-        num_splits = max(1, min(cdiv(4 * n_sm, B * HS), cdiv(N, block_n)))
-    chunk = cdiv(cdiv(N, num_splits), block_n) * block_n
-    splits = cdiv(N, chunk)
-    n_blocks = cdiv(N, block_n)
+        num_splits = max(1, min(u.cdiv(4 * n_sm, B * HS), u.cdiv(N, block_n)))
+    chunk = u.cdiv(u.cdiv(N, num_splits), block_n) * block_n
+    splits = u.cdiv(N, chunk)
+    n_blocks = u.cdiv(N, block_n)
     lse = torch.empty(B * HS * BLOCK_M, dtype=torch.float32, device=q.device)
     wml = torch.empty(B * HS * splits * 2 * BLOCK_M if splits > 1 else 1, dtype=torch.float32, device=q.device)
-    locks = ticket_counters(q.device, B * HS, counters) if splits > 1 else lse
+    locks = u.ticket_counters(q.device, B * HS, counters) if splits > 1 else lse
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    qk_scale = scale * LOG2E
+    qk_scale = scale * u.LOG2E
     p_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
     p_size = torch.finfo(p_dtype).bits // 8
     if store_probs is None:  # measured (kernels/NOTES.md): with stores pass 1 runs at ~60% of bandwidth, ~90% without
@@ -315,17 +308,17 @@ def srh_scores(
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, PREC=prec,
         STORE=store_probs, QROWS=bool(queries_as_m), PSTRIDE=pstride, num_warps=num_warps, num_stages=num_stages,
     )
-    p2 = cdiv((16 if store_probs else 4) * n_sm, B)  # stored: a few blocks per program
+    p2 = u.cdiv((16 if store_probs else 4) * n_sm, B)  # stored: a few blocks per program
     if store_probs:
-        per_prog = cdiv(n_blocks, max(1, min(p2, n_blocks)))
-        _srh_prob_kernel[(cdiv(n_blocks, per_prog), B)](
+        per_prog = u.cdiv(n_blocks, max(1, min(p2, n_blocks)))
+        _srh_prob_kernel[(u.cdiv(n_blocks, per_prog), B)](
             pr, cb, cache_lens, lse, out, N, n_blocks, per_prog, *out.stride(),
-            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=next_pow2(M), BLOCK_N=block_n, PSTRIDE=pstride,
+            HS=HS, M=M, BLOCK_M=BLOCK_M, BLOCK_MP=u.next_pow2(M), BLOCK_N=block_n, PSTRIDE=pstride,
             REDUCE_MAX=reduce == "max", ACCUMULATE=accumulate, num_warps=num_warps, num_stages=num_stages,
         )
         return out
-    chunk2 = cdiv(cdiv(N, max(1, min(p2, cdiv(N, block_n)))), block_n) * block_n
-    _srh_score_kernel[(cdiv(N, chunk2), B)](
+    chunk2 = u.cdiv(u.cdiv(N, max(1, min(p2, u.cdiv(N, block_n)))), block_n) * block_n
+    _srh_score_kernel[(u.cdiv(N, chunk2), B)](
         q, kv_heads, k_cache, cache_lens, lse, out, qk_scale, chunk2, N, B,
         *q.stride(), *k_cache.stride(), *out.stride(),
         HS=HS, M=M, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,

@@ -332,21 +332,11 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     return out
 
 
-def full_verify_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_lens: torch.Tensor,
-    k_new: torch.Tensor | None = None,
-    v_new: torch.Tensor | None = None,
-    *,
-    scale: float | None = None,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
+def full_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor,
+                          k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, *,
+                          scale: float | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
+                          block_n: int | None = None, num_warps: int | None = None,
+                          num_stages: int | None = None) -> torch.Tensor:
     """Split-KV attention of M verification queries over the whole cache: [B, H, M, D].
 
     q [B, H, M, D]; k_cache/v_cache [B, G, N_max, D] (any strides); cache_lens [B] int32 = context
@@ -366,22 +356,12 @@ def _check_indices(indices: torch.Tensor, B: int, G: int, device: torch.device) 
     require(indices.device == device, "indices must be on the same device as q")
 
 
-def sparse_verify_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    indices: torch.Tensor,
-    cache_lens: torch.Tensor,
-    k_new: torch.Tensor | None = None,
-    v_new: torch.Tensor | None = None,
-    *,
-    scale: float | None = None,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
+def sparse_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
+                            cache_lens: torch.Tensor, k_new: torch.Tensor | None = None,
+                            v_new: torch.Tensor | None = None, *, scale: float | None = None,
+                            out: torch.Tensor | None = None, num_splits: int | None = None,
+                            block_n: int | None = None, num_warps: int | None = None,
+                            num_stages: int | None = None) -> torch.Tensor:
     """Attention of M verification queries over a selected set of cache rows: [B, H, M, D].
 
     indices [B, S] (one set for all heads) or [B, G, S] (per KV head), int32 context rows

@@ -94,16 +94,8 @@ def test_run_writes_records_scores_and_summary(tmp_path, data_dir, char_tokenize
     tok = char_tokenizer
     gen = scripted_generator(tok, oracle)
     out = tmp_path / "out"
-    rows = run_longbench(
-        gen,
-        tok,
-        META,
-        data_dir=data_dir,
-        out_dir=out,
-        max_length=4096,
-        datasets=["hotpotqa", "trec", "samsum"],
-        batch_size=2,
-    )
+    rows = run_longbench(gen, tok, META, data_dir=data_dir, out_dir=out, max_length=4096,
+                         datasets=["hotpotqa", "trec", "samsum"], batch_size=2)
     by = {r["dataset"]: r for r in rows}
     assert by["hotpotqa"]["score"] == 60.0 and by["hotpotqa"]["n"] == 5  # 3 of 5 right
     assert by["trec"]["score"] == 100.0
@@ -149,15 +141,7 @@ def test_resume_after_crash(tmp_path, data_dir, char_tokenizer, scripted_generat
     out = tmp_path / "out"
     crashing = scripted_generator(tok, oracle, fail_on_call=3)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_longbench(
-            crashing,
-            tok,
-            META,
-            data_dir=data_dir,
-            out_dir=out,
-            max_length=4096,
-            datasets=["hotpotqa"],
-        )
+        run_longbench(crashing, tok, META, data_dir=data_dir, out_dir=out, max_length=4096, datasets=["hotpotqa"])
     path = out / "predictions" / "dustin-512" / "hotpotqa.jsonl"
     assert [r["_id"] for r in read_jsonl(path)] == ["hotpotqa-0", "hotpotqa-1"]
 
@@ -187,15 +171,8 @@ def test_policies_and_budgets_in_one_summary(tmp_path, data_dir, char_tokenizer,
     out = tmp_path / "out"
     for policy, budget in (("full", None), ("dustin", 256), ("dustin", 1024)):
         meta = RunMeta(policy=policy, budget=budget, target="t", draft="d")
-        run_longbench(
-            scripted_generator(tok, oracle),
-            tok,
-            meta,
-            data_dir=data_dir,
-            out_dir=out,
-            max_length=4096,
-            datasets=["hotpotqa", "trec"],
-        )
+        run_longbench(scripted_generator(tok, oracle), tok, meta, data_dir=data_dir, out_dir=out, max_length=4096,
+                      datasets=["hotpotqa", "trec"])
     rows = summarize_predictions(out)
     assert [(r["policy"], r["budget"], r["dataset"]) for r in rows] == [
         ("dustin", 256, "hotpotqa"),
@@ -214,24 +191,9 @@ def test_truncation_to_max_length_minus_generation(tmp_path, data_dir, char_toke
     gen = scripted_generator(tok, lambda p: "x")
     # trec generates up to 64 tokens: a max length of 60 leaves no room for the prompt
     with pytest.raises(DustinError, match="no room"):
-        run_longbench(
-            gen,
-            tok,
-            META,
-            data_dir=data_dir,
-            out_dir=tmp_path / "o1",
-            max_length=60,
-            datasets=["trec"],
-        )
-    run_longbench(
-        gen,
-        tok,
-        META,
-        data_dir=data_dir,
-        out_dir=tmp_path / "o2",
-        max_length=64 + 40,
-        datasets=["trec", "hotpotqa"],
-    )
+        run_longbench(gen, tok, META, data_dir=data_dir, out_dir=tmp_path / "o1", max_length=60, datasets=["trec"])
+    run_longbench(gen, tok, META, data_dir=data_dir, out_dir=tmp_path / "o2", max_length=64 + 40,
+                  datasets=["trec", "hotpotqa"])
     trec = read_jsonl(tmp_path / "o2" / "predictions" / "dustin-512" / "trec.jsonl")
     assert all(r["truncated"] and r["prompt_tokens"] == 40 for r in trec)
     # hotpotqa: 32 new tokens -> 72 tokens, BOS decoded away, then the chat template's characters
@@ -263,33 +225,12 @@ def test_bad_inputs(tmp_path, data_dir, char_tokenizer, scripted_generator):
     tok = char_tokenizer
     gen = scripted_generator(tok, oracle)
     with pytest.raises(DustinError, match="not found"):
-        run_longbench(
-            gen,
-            tok,
-            META,
-            data_dir=data_dir,
-            out_dir=tmp_path / "o",
-            max_length=4096,
-            datasets=["qasper"],
-        )
+        run_longbench(gen, tok, META, data_dir=data_dir, out_dir=tmp_path / "o", max_length=4096,
+                      datasets=["qasper"])
     with pytest.raises(DustinError, match="unknown LongBench dataset"):
-        run_longbench(
-            gen,
-            tok,
-            META,
-            data_dir=data_dir,
-            out_dir=tmp_path / "o",
-            max_length=4096,
-            datasets=["multifieldqa_zh"],
-        )
+        run_longbench(gen, tok, META, data_dir=data_dir, out_dir=tmp_path / "o", max_length=4096,
+                      datasets=["multifieldqa_zh"])
     (data_dir / "musique.jsonl").write_text('{"input": "x"}\n')
     with pytest.raises(DustinError, match="missing field"):
-        run_longbench(
-            gen,
-            tok,
-            META,
-            data_dir=data_dir,
-            out_dir=tmp_path / "o",
-            max_length=4096,
-            datasets=["musique"],
-        )
+        run_longbench(gen, tok, META, data_dir=data_dir, out_dir=tmp_path / "o", max_length=4096,
+                      datasets=["musique"])

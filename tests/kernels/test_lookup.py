@@ -7,10 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dustin_kernels import KernelArgumentError, lookup_draft, lookup_draft_ref
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
+from dustin_kernels.checks import kernel_device
 
 
 def _histories(B, N, ends, g):
@@ -27,7 +24,7 @@ def _histories(B, N, ends, g):
 @pytest.mark.parametrize("nmax,nmin", [(4, 2), (3, 1), (1, 1), (7, 7), (5, 3)])
 @pytest.mark.parametrize("N,block", [(61, 16), (300, 512), (1029, 128)])
 def test_matches_reference(nmax, nmin, N, block):
-    dev = _device()
+    dev = kernel_device()
     g = torch.Generator().manual_seed(N + nmax * 10 + nmin)
     B = 7
     ends = [0, 1, N - 2, N // 2, 3, N - 3, N // 3]
@@ -59,7 +56,7 @@ def test_matches_reference(nmax, nmin, N, block):
 def test_most_recent_longest_match():
     # tokens:          0  1  2  3  4  5  6  7  8  9
     row = [5, 1, 2, 9, 7, 1, 2, 3, 1, 2]
-    dev = _device()
+    dev = kernel_device()
     for nmax, nmin, want in ((1, 1, 7), (2, 2, 7), (3, 2, 7), (3, 3, -1)):
         # "2" and "1 2" end at 2 and 6 (the most recent: 6, so position 7 is copied); no "3 1 2" earlier
         hist = torch.tensor([row + [-1]], dtype=torch.int32, device=dev)
@@ -73,7 +70,7 @@ def test_most_recent_longest_match():
 
 
 def test_refusals():
-    dev = _device()
+    dev = kernel_device()
     h = torch.zeros(2, 10, dtype=torch.int32, device=dev)
     e = torch.zeros(2, dtype=torch.int32, device=dev)
     p = torch.full((2,), -1, dtype=torch.int64, device=dev)

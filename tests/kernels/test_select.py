@@ -5,10 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dustin_kernels import KernelArgumentError, select_indices, select_indices_ref
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
+from dustin_kernels.checks import kernel_device
 
 
 def _scores(B, N, gen, distinct=True):
@@ -31,7 +28,7 @@ CASES = [
 @pytest.mark.parametrize("distinct", [True, False])
 def test_matches_reference(case, with_secondary, distinct):
     N, lens, budget, sinks, window, m = case
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(CASES.index(case))
     B = len(lens)
     p = _scores(B, N, gen, distinct).to(dev)
@@ -47,7 +44,7 @@ def test_matches_reference(case, with_secondary, distinct):
 def test_strided_rows_match_reference(with_secondary):
     """Score and output rows that are slices of wider buffers (the launcher takes any row stride)."""
     N, lens, budget, sinks, window, m = CASES[0]
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(7)
     B = len(lens)
     p = _scores(B, N + 13, gen).to(dev)[:, :N]
@@ -62,7 +59,7 @@ def test_strided_rows_match_reference(with_secondary):
 
 
 def test_invariants_sorted_unique_exact():
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(1)
     p, s = _scores(3, 1000, gen).to(dev), _scores(3, 1000, gen).to(dev)
     cl = torch.tensor([1000, 513, 700], dtype=torch.int32, device=dev)
@@ -122,7 +119,7 @@ def test_launchers_match_reference(case, distinct, launcher):
     from dustin_kernels.select import _select_barrier, _select_ticket, _ticket_plan
 
     N, lens, budget, sinks, window, m, P = case
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(100 + PATH_CASES.index(case))
     B = len(lens)
     for with_secondary in (True, False):
@@ -144,7 +141,7 @@ def test_launchers_match_reference(case, distinct, launcher):
 def test_ticket_counters_return_to_zero():
     from dustin_kernels._util import ticket_counters
 
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(3)
     p, s = _scores(2, 400, gen).to(dev), _scores(2, 400, gen).to(dev)
     cl = torch.tensor([400, 390], dtype=torch.int32, device=dev)

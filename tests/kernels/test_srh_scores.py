@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dustin_kernels import KernelArgumentError, srh_scores, srh_scores_ref
-from dustin_kernels.checks import TOL, poisoned, rel_err
+from dustin_kernels.checks import TOL, kernel_device, poisoned, ragged_lens, rel_err
 
 # (B, Hs, M, D, G, N_max, kv_heads, num_splits)
 CASES = [
@@ -13,17 +13,6 @@ CASES = [
     (3, 3, 5, 32, 4, 101, [0, 2, 2], 3),
     (1, 2, 9, 24, 8, 70, [7, 1], 1),
 ]
-
-
-def ragged_lens(B: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
-    """B int32 lengths in [lo, hi], the first one equal to hi."""
-    lens = torch.randint(lo, hi + 1, (B,), generator=gen)
-    lens[0] = hi
-    return lens.to(torch.int32)
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _inputs(B, Hs, M, D, G, N, kv_heads, dtype, device, seed):
@@ -41,7 +30,7 @@ def _inputs(B, Hs, M, D, G, N, kv_heads, dtype, device, seed):
                                                       (False, False)])
 def test_matches_reference(dtype, case, reduce, store_probs, queries_as_m):
     B, Hs, M, D, G, N, kvh, splits = case
-    dev = _device()
+    dev = kernel_device()
     q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, dtype, dev, seed=CASES.index(case))
     out = poisoned((B, N), torch.float32, dev)
     srh_scores(q, kv_heads, k, lens, reduce=reduce, out=out, num_splits=splits, block_n=16,
@@ -57,7 +46,7 @@ def test_matches_reference(dtype, case, reduce, store_probs, queries_as_m):
 def test_any_strides_match_reference(store_probs, accumulate):
     """q, k_cache and out as permuted or padded views (the launcher passes every stride)."""
     B, Hs, M, D, G, N, kvh, splits = CASES[1]
-    dev = _device()
+    dev = kernel_device()
     q, kv_heads, k, lens = _inputs(B, Hs, M, D, G, N, kvh, torch.float32, dev, seed=11)
     qs = torch.full((B, M, Hs, D + 3), float("nan"), device=dev)[..., :D].transpose(1, 2)
     qs.copy_(q)
@@ -76,7 +65,7 @@ def test_any_strides_match_reference(store_probs, accumulate):
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_accumulate_over_layers(reduce):
-    dev = _device()
+    dev = kernel_device()
     q, kv_heads, k, lens = _inputs(2, 2, 3, 16, 2, 40, [1, 0], torch.float32, dev, seed=4)
     q2 = torch.randn_like(q)
     out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16)
@@ -87,7 +76,7 @@ def test_accumulate_over_layers(reduce):
 
 
 def test_sum_of_probabilities_is_heads_times_queries():
-    dev = _device()
+    dev = kernel_device()
     q, kv_heads, k, lens = _inputs(2, 3, 4, 16, 2, 33, [0, 1, 1], torch.float32, dev, seed=8)
     out = srh_scores(q, kv_heads, k, lens, block_n=16)
     torch.testing.assert_close(out.sum(1).cpu(), torch.full((2,), 12.0), rtol=1e-5, atol=1e-5)
@@ -97,7 +86,7 @@ def test_sum_of_probabilities_is_heads_times_queries():
 def test_grids_for_other_sm_counts_match_reference(sms):
     """`sms` sizes the grids (1 split per sequence and head up to many, pass 2 likewise): the scores
     stay the reference's."""
-    dev = _device()
+    dev = kernel_device()
     q, kv_heads, k, lens = _inputs(2, 3, 5, 16, 2, 301, [0, 1, 1], torch.float32, dev, seed=9)
     for reduce in ("sum", "max"):
         out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16, sms=sms)
@@ -135,7 +124,7 @@ def test_two_pass_fallback_matches(reduce, monkeypatch):
 
     mod = importlib.import_module("dustin_kernels.srh_scores")  # the package's `srh_scores` is the function
 
-    dev = _device()
+    dev = kernel_device()
     q, kv_heads, k, lens = _inputs(2, 2, 3, 16, 2, 50, [1, 0], torch.float32, dev, seed=6)
     out = srh_scores(q, kv_heads, k, lens, reduce=reduce, block_n=16)
     monkeypatch.setattr(mod, "PROBS_MAX_BYTES", 0)

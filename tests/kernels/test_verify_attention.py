@@ -14,7 +14,7 @@ from dustin_kernels import (
     sparse_verify_attention_rope_ref,
 )
 from dustin_kernels._util import ticket_counters
-from dustin_kernels.checks import TOL, poisoned, rel_err
+from dustin_kernels.checks import TOL, kernel_device, poisoned, ragged_lens, rel_err
 
 # (B, H, G, M, D, N_ctx, num_splits): GQA ratios 1/4/7/8, M 1..9, odd lengths, D not a power of 2
 CASES = [
@@ -52,23 +52,12 @@ def _indices(lens, S, G, per_head, gen, device):
     return idx.to(device)
 
 
-def ragged_lens(B: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
-    """B int32 lengths in [lo, hi], the first one equal to hi."""
-    lens = torch.randint(lo, hi + 1, (B,), generator=gen)
-    lens[0] = hi
-    return lens.to(torch.int32)
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("new_in_cache", [True, False])
 def test_full_matches_reference(dtype, case, new_in_cache):
     B, H, G, M, D, N_ctx, splits = case
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, kn, vn, _ = _inputs(B, H, G, M, D, N_ctx, dtype, dev, new_in_cache, seed=CASES.index(case))
     out = poisoned((B, H, M, D), dtype, dev)
     full_verify_attention(q, k, v, lens, kn, vn, out=out, num_splits=splits, block_n=16)
@@ -81,7 +70,7 @@ def test_full_matches_reference(dtype, case, new_in_cache):
 @pytest.mark.parametrize("per_head", [False, True])
 def test_sparse_matches_reference(dtype, case, per_head):
     B, H, G, M, D, N_ctx, splits = case
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, kn, vn, gen = _inputs(B, H, G, M, D, N_ctx, dtype, dev, per_head, seed=7 + CASES.index(case))
     S = 21  # not a multiple of the block; larger than some of the ragged lengths (S >= L: padding)
     idx = _indices(lens.cpu(), S, G, per_head, gen, dev)
@@ -109,7 +98,7 @@ def test_any_strides_match_reference(sparse, per_head, splits):
     """q, k_cache, v_cache, k_new, v_new, indices and out as permuted, padded views: the launchers
     promise any strides."""
     B, H, G, M, D, N_ctx = 2, 6, 2, 3, 16, 45
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, kn, vn, gen = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, False, seed=50 + splits)
     idx = _indices(lens.cpu(), 21, G, per_head, gen, dev)
     qs, ks, vs = strided(q, (0, 2, 1, 3)), strided(k, (2, 0, 1, 3)), strided(v, (0, 2, 1, 3), pad=5)
@@ -135,7 +124,7 @@ def test_any_strides_match_reference(sparse, per_head, splits):
 
 def test_sparse_with_every_row_equals_full():
     B, H, G, M, D, N_ctx = 2, 4, 2, 3, 16, 33
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, _, _, _ = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, True, seed=3)
     idx = torch.full((B, 48), -1, dtype=torch.int32)
     for b in range(B):
@@ -150,7 +139,7 @@ def test_default_output_is_token_major(sparse):
     """Without `out` the result is [B, H, M, D] over a [B, M, H, D] buffer, so the model's
     transpose(1, 2).reshape(B, M, H * D) before wo is a view of it (no copy), with the same values."""
     B, H, G, M, D, N_ctx = 2, 7, 1, 5, 16, 31
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, _, _, gen = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, True, seed=61)
     if sparse:
         idx = _indices(lens.cpu(), 13, G, False, gen, dev)
@@ -183,7 +172,7 @@ def test_rope_variant_matches_reference(dtype, case):
     reference: the output, the RoPE'd queries, the rows written (keys rotated, values as given) and
     nothing else of the cache; qkv a non-contiguous view (a wider buffer's columns)."""
     B, H, G, M, D, N_ctx, splits = case
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(70 + ROPE_CASES.index(case))
     n_max = N_ctx + M + 3
     width = (H + 2 * G) * D
@@ -212,7 +201,7 @@ def test_rope_variant_early_rows(early, splits):
     after it, with one split and with several (a split's first block may hold a single row or none):
     the same output as the reference, the counters back at 0."""
     B, H, G, M, D, N_ctx = 3, 7, 1, 2, 32, 61
-    dev = _device()
+    dev = kernel_device()
     gen = torch.Generator().manual_seed(91)
     n_max = N_ctx + M + 3
     qkv = torch.randn(B, M, (H + 2 * G) * D, generator=gen).to(dev)
@@ -229,7 +218,7 @@ def test_rope_variant_early_rows(early, splits):
 
 
 def test_rope_variant_refuses_bad_inputs():
-    dev = _device()
+    dev = kernel_device()
     qkv = torch.zeros(1, 2, (4 + 2) * 16, device=dev)
     k = torch.zeros(1, 1, 40, 16, device=dev)
     idx = torch.zeros(1, 8, dtype=torch.int32, device=dev)
@@ -246,14 +235,14 @@ def test_rope_variant_refuses_bad_inputs():
 
 
 def test_ticket_counters_return_to_zero():
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, _, _, _ = _inputs(3, 4, 2, 2, 16, 40, torch.float32, dev, True, seed=5)
     full_verify_attention(q, k, v, lens, num_splits=4, block_n=16)
     assert int(ticket_counters(torch.device(dev), 6)[:6].abs().sum()) == 0
 
 
 def test_default_scale_and_explicit_scale():
-    dev = _device()
+    dev = kernel_device()
     q, k, v, lens, _, _, _ = _inputs(1, 2, 1, 2, 16, 20, torch.float32, dev, True, seed=9)
     out = full_verify_attention(q, k, v, lens, scale=0.3, block_n=16)
     ref = full_verify_attention_ref(q, k, v, lens, scale=0.3)

@@ -143,11 +143,12 @@ def test_bad_max_refresh_refused(models, calib_text, tmp_path, run_cli, assert_o
 
 
 def test_refresh_layers_option_spelling():
-    from dustin.cli import _layers
+    from dustin_profile.plan import parse_layers
 
-    assert _layers("") is None and _layers(" none ") == () and _layers("NONE") == () and _layers("8,20") == (8, 20)
+    assert parse_layers("") is None and parse_layers(" none ") == () and parse_layers("NONE") == ()
+    assert parse_layers("8,20") == (8, 20)
     with pytest.raises(DustinError):
-        _layers("8,x")
+        parse_layers("8,x")
 
 
 def test_last_offset_nll_counts_whole_windows_only():
