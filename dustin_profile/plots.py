@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dustin_profile.artifact import Profile
+from dustin_runtime.io.files import atomic_path
 
 STYLE = {
     "dustin": dict(color="C3", lw=2.2, marker="o"),
@@ -47,8 +48,11 @@ def write_plots(out: Path, prof: Profile) -> dict[str, str]:
         ax.legend(**{"fontsize": 8, **legend})
         path = out.with_suffix(f".{name}.png")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        try:
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=110)
+        finally:
+            plt.close(fig)
         names[f"plot_{name}"] = path.name
 
     layers = table("layers")

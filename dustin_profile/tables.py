@@ -9,6 +9,7 @@ from dustin_profile.baselines import baseline_arrs, oracle_by_layer
 from dustin_profile.calib_arr import CalibStats, layer_arr, select
 from dustin_profile.candidates import Candidate
 from dustin_profile.search import SearchResult, signal_sums
+from dustin_runtime.io.files import atomic_path
 
 
 def write_tables(out: Path, cfg, stats: CalibStats, cands: list[Candidate], res: SearchResult,
@@ -58,8 +59,8 @@ def write_tables(out: Path, cfg, stats: CalibStats, cands: list[Candidate], res:
     meta = {b"command": command.encode()}
     for name, df in frames:
         path = out.with_suffix(f".{name}.parquet")
-        path.parent.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pandas(df, preserve_index=False)
-        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), path)
+        with atomic_path(path) as tmp:
+            pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), tmp)
         names[name] = path.name
     return names

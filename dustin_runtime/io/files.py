@@ -93,10 +93,33 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-            raise DustinError(f"{path}: cannot write ({e.strerror or e})") from None
+        cause = write_failure(e, path.parent)
+        if cause is not None:
+            raise DustinError(f"cannot write {path}: {cause}") from None
         raise
     fsync_dir(path.parent)
+
+
+_TORCH_WRITE = re.compile(r"inline_container|PytorchStreamWriter|iostream error|file write failed")
+_CLOSED = re.compile(r"I/O operation on closed file|write to closed file")
+
+
+def write_failure(e: BaseException, folder: str | Path | None = None) -> str | None:
+    """The cause, as one short phrase, when `e` is a writer's I/O failure: an OSError (pyarrow's and
+    matplotlib's are), torch.save's RuntimeError (its C++ writer keeps no errno: a full file
+    system under `folder` is named as such) or a ValueError about a closed file; None for
+    anything else (a bug, Ctrl-C), which the caller re-raises."""
+    if isinstance(e, OSError):
+        return e.strerror or " ".join(str(e).split()) or type(e).__name__
+    torch_io = isinstance(e, RuntimeError) and _TORCH_WRITE.search(str(e))
+    if not (torch_io or isinstance(e, ValueError) and _CLOSED.search(str(e))):
+        return None
+    try:
+        if folder is not None and os.statvfs(folder).f_bavail == 0:
+            return os.strerror(errno.ENOSPC)
+    except OSError:
+        pass
+    return "the writer failed (" + " ".join(str(e).split())[:160] + ")"
 
 
 def atomic_write(path: str | Path, data: str | bytes) -> Path:
@@ -119,7 +142,7 @@ def move_into(src: str | Path, dst: str | Path) -> Path:
             os.fsync(f.fileno())
         os.replace(src, dst)
     except OSError as e:
-        raise DustinError(f"{dst}: cannot write ({e.strerror or e})") from None
+        raise DustinError(f"cannot write {dst}: {write_failure(e)}") from None
     fsync_dir(dst.parent)
     return dst
 
@@ -136,7 +159,7 @@ def append_line(path: str | Path, line: str) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise DustinError(f"{path}: cannot append ({e.strerror or e})") from None
+        raise DustinError(f"cannot write {path}: {write_failure(e)}") from None
     if new:
         fsync_dir(path.parent)
 
@@ -188,8 +211,12 @@ class FolderLock:
                 raise DustinError(f"{self.path.parent} is in use by another dustin run (pid {holder}); "
                                   "wait for it or choose another output") from None
             raise DustinError(f"{self.path}: cannot lock ({e.strerror or e})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            os.close(fd)
+            raise DustinError(f"cannot write {self.path}: {write_failure(e)}") from None
         self._held[self._key] = (fd, 1)
         for f in self.path.parent.iterdir():  # temp files of a killed atomic write: ours to remove now
             if TEMP_NAME.match(f.name) and f.is_file():

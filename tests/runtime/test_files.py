@@ -126,3 +126,48 @@ def test_restart_never_deletes_files_git_tracks(tmp_path):
     scratch.write_text("x\n")
     check_resume_key(repo / "runs" / "key.json", {"a": 2}, (scratch,), restart=True)
     assert not scratch.exists()
+
+
+@pytest.mark.parametrize("writer", ["bytes", "torch", "parquet", "png"])
+def test_a_full_disk_is_one_error_and_keeps_the_old_file(tmp_path, monkeypatch, writer):
+    """Every writer's failure on a full device (the temp file made a link to /dev/full) is one
+    DustinError naming the file; the old file stays, no temp file is left."""
+    import tempfile
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    path = tmp_path / f"r.{ {'bytes': 'json', 'torch': 'pt', 'parquet': 'parquet', 'png': 'png'}[writer]}"
+    atomic_write(path, "old")
+    real = tempfile.mkstemp
+
+    def full(*a, **k):
+        fd, name = real(*a, **k)
+        os.unlink(name)
+        os.symlink("/dev/full", name)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(DustinError, match=f"cannot write {path}: "):
+        with atomic_path(path) as tmp:
+            if writer == "bytes":
+                tmp.write_bytes(b"x" * 100_000)
+            elif writer == "torch":
+                import torch
+
+                torch.save({"a": torch.zeros(100_000)}, tmp)
+            elif writer == "parquet":
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                pq.write_table(pa.table({"a": list(range(100_000))}), tmp)
+            else:
+                import matplotlib
+
+                matplotlib.use("Agg")
+                import matplotlib.pyplot as plt
+
+                fig = plt.figure()
+                fig.savefig(tmp)
+                plt.close(fig)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
