@@ -208,7 +208,7 @@ def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0
     share the rest), and with `facts` (rows [start, end) per retrieval window) their target
     distribution is the fact's rows, uniform, so their ARR is the share of the fact the set keeps:
     a fact is a few tokens and holds only a few percent of the mean attention mass, too little
-    for the mass alone to favour the heads that find it (results/passkey/README.md)."""
+    for the mass alone to favour the heads that find it (results/retrieval-passkey/README.md)."""
     cat = {k: torch.cat([r[k] for r in recs], dim=1 if k in ("draft", "target") else 0)
            for k in ("lengths", "attn", "draft", "target", "layer_attn", "quest")}
     weight = None

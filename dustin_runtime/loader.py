@@ -230,11 +230,16 @@ def _hf_tensor_getter(folder: Path) -> tuple[Getter, set[str]]:
         raise DustinError(f"{folder}: {e}") from None
 
 
+def cache_dir(kind: str) -> Path:
+    """Where dustin keeps what it rebuilds on demand (GGUF conversions, tokenizers): $DUSTIN_CACHE
+    or ~/.cache/dustin, one sub-folder per kind."""
+    return Path(os.environ.get("DUSTIN_CACHE", Path.home() / ".cache" / "dustin")) / kind
+
+
 def _gguf_cache_file(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("DUSTIN_CACHE", Path.home() / ".cache" / "dustin"))
-    return root / "gguf" / f"{path.stem}-{key}.safetensors"
+    return cache_dir("gguf") / f"{path.stem}-{key}.safetensors"
 
 
 def _sha256(path: Path) -> str:
