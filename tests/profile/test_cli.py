@@ -22,6 +22,7 @@ def made(models, calib_text, tmp_path_factory, run_cli):
 def test_profile_run_prints_tables(made):
     out, p = made
     assert "ARR at S = 40" in p.stdout and "greedy rounds" in p.stdout and "wrote" in p.stdout
+    assert "memory: plan " in p.stdout and "peak" not in p.stdout  # no peak on CPU
     prof = load_profile(out)
     assert prof.calibration["run"]["command"].startswith("dustin profile --target")
 
