@@ -50,7 +50,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 # Options shared by several commands, defined once (defaults stay with each command).
-Target = Annotated[str, typer.Option(help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'.")]
+Target = Annotated[str, typer.Option(help="Target: HF folder, .gguf file, cached hub id, 'smollm2', or random:<preset>.")]
 Draft = Annotated[str, typer.Option(help="Draft checkpoint (same tokenizer as the target).")]
 ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile of the target/draft pair (heads, sinks, "
                                                   "window, m; default: profiles/<target>-<draft>.json if there).")]
@@ -177,7 +177,7 @@ def decode(
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
-    target: Annotated[str | None, typer.Option(help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target: HF folder, .gguf file, cached hub id, 'smollm2', or random:<preset>.")] = None,
     draft: Annotated[str | None, typer.Option(help="Draft checkpoint (same tokenizer as the target).")] = None,
     calib: list[str] | None = typer.Option(
         None, help="Calibration text: .txt/.md files, folders, globs, .jsonl or .parquet (repeat the option). "
