@@ -30,6 +30,7 @@ def load_tokenizer(ckpt: Checkpoint):
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    ckpt = ckpt.tokenizer_checkpoint()
     if ckpt.kind == "hf" and not any((ckpt.path / f).is_file() for f in TOKENIZER_FILES):
         raise DustinError(f"{ckpt.model_id}: no tokenizer files in this folder (one of {', '.join(TOKENIZER_FILES)}); "
                           "copy the tokenizer of the model beside its config.json")
