@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
-console = Console(width=None if sys.stdout.isatty() else 150)  # tables stay readable in logs
+console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 150)  # readable in logs
 err_console = Console(stderr=True)
 
 

@@ -173,7 +173,8 @@ class Transformer(nn.Module):
         self.shard = local = shard_config(cfg, tp)
         self.vocab_start = 0 if tp is None else tp.rank * local.vocab_size
         self.vocab_rows = min(local.vocab_size, cfg.vocab_size - self.vocab_start)  # the rest: padding
-        self.embed = nn.Embedding(local.vocab_size, cfg.hidden_size)
+        # given its (uninitialised) weight: Embedding's own normal_ init imports torch._dynamo (~1.5 s of start-up)
+        self.embed = nn.Embedding(local.vocab_size, cfg.hidden_size, _weight=torch.empty(local.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(local, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, local.vocab_size, bias=False)
