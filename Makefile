@@ -33,17 +33,22 @@ lint: .stamp-install
 docs: .stamp-install
 	$(PY) -m dustin.docs > docs/cli.md
 
-# GPU benchmarks (run on a CUDA machine; results/bench/ holds the committed runs)
-# End to end: the decoding loop per policy beside vanilla and standard speculative decoding.
+# GPU benchmarks (run on a CUDA machine; results/speed-*/ and results/kernels-attention/ hold the committed runs)
+# End to end: the decoding loop per policy beside vanilla and standard speculative decoding. The headline
+# (7B / 0.5B shapes, 32k, batch 16): results/speed-7b-32k; the contexts table: results/speed-7b-contexts.
+.PHONY: bench-e2e-7b-32k
+bench-e2e-7b-32k: .stamp-install
+	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16 --context 32768 --gamma 4 \
+		--policy ar,full,dustin,dustin-vs --out-dir results/speed-7b-32k
 bench-e2e: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16,8,16 --context 32768,8192,65536 \
 		--gamma 4 --policy ar,full,dustin,streamingllm,quest,dustin-vs,streamingllm-vs \
-		--acceptance geometric:0.8 --out-dir results/bench
+		--acceptance geometric:0.8 --out-dir results/speed-7b-contexts
 
-# The 72B shape tensor parallel: 2 GPUs at 32k and 8k, batch 8 (results/bench/e2e-qwen2.5-72b-*-8-tp2*.json;
+# The 72B shape tensor parallel: 2 GPUs at 32k and 8k, batch 8 (results/speed-72b-tp2;
 # gamma 6 / 8 and quest: the same with --gamma 6 / 8, --policy ar,quest), and the 4-GPU headline run.
 TP_E2E = -m dustin.cli bench e2e --target qwen2.5-72b --draft qwen2.5-0.5b --gamma 4 \
-	--acceptance geometric:0.8 --alphas 0.6,0.7,0.9 --out-dir results/bench
+	--acceptance geometric:0.8 --alphas 0.6,0.7,0.9 --out-dir results/speed-72b-tp2
 .PHONY: bench-e2e-tp2 bench-e2e-tp4
 bench-e2e-tp2: .stamp-install
 	$(PY) -m torch.distributed.run --nproc-per-node 2 $(TP_E2E) --tp 2 --batch 8,8 --context 32768,8192 \
@@ -55,17 +60,18 @@ bench-e2e-tp4: .stamp-install
 # Attention kernels vs copy bandwidth and SDPA, one JSON per shape x context x batch (S = 512)
 bench-attention: .stamp-install
 	$(PY) -m dustin.cli bench attention --shape qwen2.5-72b,qwen2.5-7b --context 8192,16384,32768,65536 --batch 1,16,32 \
-		--out-dir results/bench
+		--out-dir results/kernels-attention
 
 
 # Acceptance of every verification policy at S = 128..1024, SmolLM2-135M + the trained
 # draft, 4 Gutenberg eval windows at 4k and at 8k (8128 prompt tokens: the models' 8192 positions
-# hold 64 new tokens), CPU; writes results/acceptance/smollm2-draft.{json,md,runs.jsonl}.
+# hold 64 new tokens), CPU; writes runs/acceptance/smollm2-draft.{json,md,runs.jsonl} (a quick check: the claims
+# with power are results/acceptance-retention, made by repro-evals-gpu).
 .PHONY: repro-acceptance
 repro-acceptance: .stamp-install
 	OMP_NUM_THREADS=1 $(PY) -m dustin.cli eval acceptance --target smollm2 --draft models/smollm2-draft \
 		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
-		--budget 128,256,512,1024 --out results/acceptance/smollm2-draft
+		--budget 128,256,512,1024 --out runs/acceptance/smollm2-draft
 
 # The draft's vocabulary-subset head (FR-Spec): token counts of the Gutenberg train split
 # (profiles/smollm2-vocab.json), then tokens per step of full verification with the head over the
@@ -83,25 +89,25 @@ repro-draft-vocab: .stamp-install
 	$(PY) probes/draft_vocab_table.py results/draft-vocab
 
 # The evaluations with power (16 windows x 1024 scored tokens, 8 windows x 256 new tokens, 4k and 8k,
-# S = 512, 95% intervals) on a GPU: results/pg19-16x1024/, results/acceptance-8x256/.
+# S = 512, 95% intervals) on a GPU: results/fidelity-pg19-policies/, results/fidelity-pg19/ (refresh layers), results/acceptance-retention/.
 .PHONY: repro-evals-gpu
 repro-evals-gpu: .stamp-install
 	PY=$(PY) bash scripts/gpu_evals.sh
 
 # The draft with context lookup and paired drafting, 24 eval windows x 256 tokens at 4k / 8k (GPU):
-# results/acceptance-24x256; and the SmolLM2 pair end to end with real acceptance, with and without
-# the lookup (GPU): results/bench/lookup-3b28db1/smol
+# results/acceptance-lookup; and the SmolLM2 pair end to end with real acceptance, with and without
+# the lookup (GPU): results/speed-smollm2
 .PHONY: repro-lookup repro-draft-paired-books bench-e2e-smollm2
 repro-lookup: .stamp-install
 	ONLY="acceptance-draft-paired acceptance-lookup" PY=$(PY) bash scripts/gpu_evals.sh
-# Sparse drafting against full-KV drafting on 72 windows (3 of every eval book; GPU): results/acceptance-72x256
+# Sparse drafting against full-KV drafting on 72 windows (3 of every eval book; GPU): results/acceptance-sparse-drafting
 repro-draft-paired-books: .stamp-install
 	ONLY="acceptance-draft-paired-books" PY=$(PY) bash scripts/gpu_evals.sh
 bench-e2e-smollm2: .stamp-install
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
-		--new-tokens 256 --policy ar,full,dustin-vs --alphas '' --draft-lookup 4:2 --out-dir results/bench/lookup-3b28db1/smol
+		--new-tokens 256 --policy ar,full,dustin-vs --alphas '' --draft-lookup 4:2 --out-dir results/speed-smollm2
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
-		--new-tokens 256 --policy ar,full,dustin-vs --alphas '' --out-dir results/bench/lookup-3b28db1/smol
+		--new-tokens 256 --policy ar,full,dustin-vs --alphas '' --out-dir results/speed-smollm2
 
 # The verification set across tensor-parallel ranks (one set per sequence, shared by every rank), 3 CPU
 # ranks (gloo), and one process
@@ -110,19 +116,19 @@ TP_SELECTION = --target smollm2 --draft models/smollm2-draft --profile profiles/
 .PHONY: repro-tp-selection
 repro-tp-selection: .stamp-install
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc-per-node 3 \
-		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --out results/tp-selection/smollm2-tp3-shared
-	OMP_NUM_THREADS=1 $(PY) -m dustin.cli eval acceptance $(TP_SELECTION) --out results/tp-selection/smollm2-1proc
+		-m dustin.cli eval acceptance $(TP_SELECTION) --tp 3 --out results/tp-equivalence/smollm2-tp3-shared
+	OMP_NUM_THREADS=1 $(PY) -m dustin.cli eval acceptance $(TP_SELECTION) --out results/tp-equivalence/smollm2-1proc
 
 # SmolLM2 draft: tokenise the Gutenberg train split on CPU, distil the draft from the
 # SmolLM2-135M GGUF on a local CUDA GPU (hyper-parameters as used for models/smollm2-draft),
-# then export the folder and results/draft. TRAIN_S is the wall-clock optimisation budget.
+# then export the folder and results/draft-training. TRAIN_S is the wall-clock optimisation budget.
 TRAIN_S ?= 330
 DRAFT_ARGS ?= --shapes 4x512,2x512 --hidden 192 --tokens-per-step 32768 --seq-short 2048 \
 	--seq-long 8192 --long-frac 0.3 --lr 3e-3 --warmup-frac 0.03 --lr-floor 0.1 --weight-decay 0.1 \
 	--kl-weight 1.0 --ce-weight 0.1 --seed 0 --ckpt-every 60 --log-every 10
 # The same through the device tool (calls carry 64 MiB at most): `make draft-parts` writes the
 # token shards and the GGUF's two halves under .carry/, then scripts/draft/device_train.sh runs the
-# three calls it describes (results/draft/target-layers/README.md: the run of the target-layers draft).
+# three calls it describes (results/draft-training/target-layers/README.md: the run of the target-layers draft).
 .PHONY: draft draft-parts
 draft-parts: .stamp-install
 	cd scripts/draft && ../../$(PY) tokenize_corpus.py --corpus $(abspath $(GUTENBERG)) --out ../../.carry \
@@ -139,15 +145,15 @@ draft:
 		--teacher-gguf "$$(../../$(PY) -c 'from common import *; print(target_gguf_dir())')/$$(../../$(PY) -c 'from common import GGUF_NAME; print(GGUF_NAME)')" \
 		--out ../../runs/draft
 	cd scripts/draft && ../../$(PY) export.py --run ../../runs/draft --model ../../models/smollm2-draft \
-		--results ../../results/draft
+		--results ../../results/draft-training
 
 # Offline profile: Algorithm 1 for SmolLM2-135M + models/smollm2-draft over 4 windows of
 # 4k tokens of the Gutenberg calibration split, scored on 4 held-out windows (CPU: ~3-10 minutes for the
 # heads; the refresh search's teacher-forced passes over 30 layers take 4 min for 2 rounds on an H200,
-# about 18 min per round on 2 CPU cores: the committed profile was made on the H200, results/profile).
+# about 18 min per round on 2 CPU cores: the committed profile was made on the H200, results/profile-arr).
 # Writes profiles/smollm2-draft.json (one set for every layer, up to 2 refresh layers) with its parquet
 # tables and PNG plots beside it; an interrupted run
-# resumes from profiles/<name>.work/ (not committed). results/profile/README.md holds the numbers.
+# resumes from profiles/<name>.work/ (not committed). results/profile-arr/README.md holds the numbers.
 PROFILE_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib --context 4096 \
 	--windows 4 --heldout-windows 4 --budget 512 --sinks 4 --window 64
 .PHONY: repro-profile
@@ -159,16 +165,16 @@ PROFILE ?= profiles/smollm2-draft.json
 .PHONY: repro-pg19 repro-passkey repro-longbench
 repro-pg19: .stamp-install
 	$(PY) -m dustin.cli eval pg19 --context 4096 --eval-tokens 256 --windows 2 --policy full,dustin,streamingllm,quest \
-		--budget 256,512,1024 --profile $(PROFILE) --out-dir results/pg19
+		--budget 256,512,1024 --profile $(PROFILE) --out-dir runs/pg19
 	$(PY) -m dustin.cli eval pg19 --context 7936 --eval-tokens 256 --windows 2 --policy full,dustin,streamingllm,quest \
-		--budget 256,512,1024 --profile $(PROFILE) --out-dir results/pg19
+		--budget 256,512,1024 --profile $(PROFILE) --out-dir runs/pg19
 
 repro-passkey: .stamp-install
 	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 \
-		--policy full,dustin,streamingllm --budget 256 --profile $(PROFILE) --out-dir results/passkey
+		--policy full,dustin,streamingllm --budget 256 --profile $(PROFILE) --out-dir results/retrieval-passkey/prose-calibrated
 
 # The same pair calibrated with 4 key-value retrieval episodes besides the 4 prose windows
-# (results/retrieval/README.md): the profile, then passkey and PG-19 through it.
+# (results/retrieval-passkey/README.md): the profile, then passkey and PG-19 through it.
 RPROFILE = profiles/smollm2-draft-retrieval.json
 .PHONY: repro-retrieval
 repro-retrieval: .stamp-install
@@ -176,13 +182,13 @@ repro-retrieval: .stamp-install
 		--context 4096 --windows 4 --retrieval-windows 4 --max-heads 4 --budget 512 --sinks 4 --window 64 \
 		--out $(RPROFILE)
 	$(PY) -m dustin.cli eval passkey --contexts 2048,4096,8182 \
-		--policy dustin --budget 256 --profile $(RPROFILE) --out-dir results/retrieval/passkey
+		--policy dustin --budget 256 --profile $(RPROFILE) --out-dir results/retrieval-passkey/passkey
 	$(PY) -m dustin.cli eval pg19 --context 4096 --eval-tokens 256 --windows 2 --policy full,dustin \
-		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19
+		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval-passkey/pg19
 	$(PY) -m dustin.cli eval pg19 --context 7936 --eval-tokens 256 --windows 2 --policy full,dustin \
-		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval/pg19
+		--budget 256,512,1024 --profile $(RPROFILE) --out-dir results/retrieval-passkey/pg19
 	$(PY) -m dustin.cli eval longbench --data ../shared/longbench --datasets multi_news --limit 3 \
-		--policy dustin --budget 512 --profile $(RPROFILE) --out-dir results/retrieval/longbench
+		--policy dustin --budget 512 --profile $(RPROFILE) --out-dir results/retrieval-passkey/longbench
 
 repro-longbench: .stamp-install
 	$(PY) -m dustin.cli eval longbench --data ../shared/longbench --datasets multi_news --limit 3 \

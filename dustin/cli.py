@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from dustin import render
 from dustin.render import console, err_console
@@ -51,7 +50,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 # Options shared by several commands, defined once (defaults stay with each command).
-Target = Annotated[str, typer.Option(help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'.")]
+Target = Annotated[str, typer.Option(help="Target: HF folder, .gguf file, cached hub id, 'smollm2', or random:<preset>.")]
 Draft = Annotated[str, typer.Option(help="Draft checkpoint (same tokenizer as the target).")]
 ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile of the target/draft pair (heads, sinks, "
                                                   "window, m; default: profiles/<target>-<draft>.json if there).")]
@@ -178,7 +177,7 @@ def decode(
 @profile_app.callback(invoke_without_command=True)
 def profile(
     ctx: typer.Context,
-    target: Annotated[str | None, typer.Option(help="Target: HF folder, .gguf file, cached hub id, or 'smollm2'.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target: HF folder, .gguf file, cached hub id, 'smollm2', or random:<preset>.")] = None,
     draft: Annotated[str | None, typer.Option(help="Draft checkpoint (same tokenizer as the target).")] = None,
     calib: list[str] | None = typer.Option(
         None, help="Calibration text: .txt/.md files, folders, globs, .jsonl or .parquet (repeat the option). "
@@ -443,56 +442,11 @@ def bench_e2e(
     be.run_all(cfgs, " ".join(["dustin", *sys.argv[1:]]), _out(out_dir, "bench"), _start_tp(tp, "cuda"), render.e2e_record, render.e2e)
 
 
-def _fail(message: str, code: int) -> None:
-    """One line on stderr (newlines in a message folded; rank 0 only under a launcher), then exit
-    with `code`."""
-    line = " ".join(message.split())
-    err_console.print(Text.assemble(("error: ", "bold red"), line), highlight=False, soft_wrap=True)
-    if code != 130:  # errors are agreed across ranks (none is inside a collective); an interrupt may be
-        _leave()
-    sys.exit(code)
-
-
-def _leave() -> None:
-    """Leave the tensor-parallel process group, if this command joined one."""
-    from dustin_runtime.tp import finish
-
-    finish()
-
-
-def _follow_rank0() -> None:
-    """Under a launcher, ranks other than 0 print nothing (their errors are rank 0's too)."""
-    from dustin_runtime.tp import launch_rank
-
-    if launch_rank() != 0:
-        console.quiet = err_console.quiet = True
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
-
-
 def main() -> None:
-    """Entry point of the console script. Every bad input, ours (`DustinError`) or a usage error of
-    the option parser, is one line on stderr and exit code 2; Ctrl-C is one line and exit 130."""
-    _follow_rank0()
-    try:
-        code = app(standalone_mode=False)  # typer returns 130 for Ctrl-C, and the code of an Exit
-    except DustinError as e:
-        _fail(str(e), 2)
-    except KeyboardInterrupt:
-        code = 130
-    except (typer.Exit, typer.Abort) as e:  # raised outside the command (typer turns them into codes inside)
-        code = getattr(e, "exit_code", 1)
-    except Exception as e:
-        # click usage errors (typer >= 0.26 raises its vendored click's: matched by shape)
-        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
-            raise
-        if type(e).__name__ == "NoArgsIsHelpError":  # `dustin` alone: the help, as click prints it
-            e.show()
-            sys.exit(2)
-        _fail(e.format_message(), 2)
-    if code == 130:
-        _fail("interrupted", 130)
-    _leave()
-    sys.exit(code if isinstance(code, int) else 0)
+    """Entry point of the console script: every ending is one line and an exit status (`dustin.process`)."""
+    from dustin.process import run
+
+    run(app)
 
 
 if __name__ == "__main__":

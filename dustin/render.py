@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
-console = Console(width=None if sys.stdout.isatty() else 150)  # tables stay readable in logs
+console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 150)  # readable in logs
 err_console = Console(stderr=True)
 
 
@@ -151,6 +151,11 @@ def profile(res, cfg) -> None:
         console.print(r)
     console.print(f"wrote {res.path} ({res.recorded} windows recorded, "
                   f"{cfg.windows + cfg.heldout + cfg.retrieval - res.recorded} resumed) in {res.seconds['total']:.1f} s")
+    mem = res.profile.calibration["run"].get("memory")
+    if mem:
+        peak = mem["peak_bytes"]
+        console.print(f"memory: plan {mem['plan']['total_bytes'] / 2**30:.1f} GiB"
+                      + ("" if peak is None else f", peak {peak / 2**30:.1f} GiB"), highlight=False)
     if not res.profile.has_heads:
         console.print(f"[yellow]no retrieval head raised ARR by {cfg.epsilon:g}: this profile cannot drive "
                       "--policy dustin (more --windows may find some)[/]")

@@ -253,7 +253,7 @@ def _ci(ci, fmt: str) -> str:
 
 def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, prov: dict,
                      cfg: AcceptanceConfig, configs: dict[int, SparseConfig]) -> tuple[Path, Path]:
-    """results/acceptance/<name>.json (rows + per-run records) and <name>.md (one table per context
+    """<out>/<name>.json (rows + per-run records) and <name>.md (one table per context
     plus a budget x policy retention grid)."""
     out_dir = Path(out_dir)
     rows = table_rows(records)

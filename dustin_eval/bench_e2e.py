@@ -217,9 +217,17 @@ class Pair:
 def load_pair(cfg: E2EConfig, tp=None) -> Pair:
     """Random-weight models at preset shapes, or checkpoints with book-window prompts (under `tp`
     the target sharded, the draft replicated)."""
+    from dustin_runtime.loader import read_config, resolve_checkpoint
+    from dustin_runtime.memory import check_free, plan_bench
     from dustin_runtime.presets import default_draft, preset
 
     shape = preset_shape(cfg.target)
+    if shape is None and cfg.draft is None:
+        raise DustinError("with a target checkpoint, give --draft too")
+    tshape, dshape = (shape, preset(cfg.draft or default_draft(cfg.target))) if shape is not None else \
+        (read_config(resolve_checkpoint(s)) for s in (cfg.target, cfg.draft))
+    check_free(plan_bench(tshape, dshape, context=cfg.context + cfg.new_tokens, batch=cfg.batch,
+                          tp=1 if tp is None else tp.world, gamma=cfg.gamma), "cuda", tp)  # before any weight
     if shape is not None:
         from dustin_runtime.loader import random_model
 
@@ -237,8 +245,6 @@ def load_pair(cfg: E2EConfig, tp=None) -> Pair:
         vocab = min(tcfg.vocab_size, dcfg.vocab_size)
         prompts = torch.randint(0, vocab, (cfg.batch, cfg.context), generator=g).tolist()
         return Pair(t, d, f"{cfg.target} (random weights)", f"{dname} (random weights)", True, prompts)
-    if cfg.draft is None:
-        raise DustinError("with a target checkpoint, give --draft too")
     from dustin_eval.corpus import gutenberg_split, read_filler
     from dustin_runtime.pipeline import load_pair as load_checkpoints
     from dustin_runtime.tokenizer import eos_ids

@@ -41,6 +41,7 @@ from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
 from dustin_runtime.io.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
 from dustin_runtime.io.provenance import git_commit
+from dustin_runtime.memory import MemoryPlan, check_free, peak_bytes, plan_profile
 
 WORK_VERSION = 3  # 2: ARR over the context (new tokens excluded, rows renormalised); 3: draft confidence (no longer read)
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +150,13 @@ def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: in
     }
 
 
+def memory_plan(cfg: ProfileConfig, target: ModelConfig, draft: ModelConfig, dtype: torch.dtype) -> MemoryPlan:
+    """What the run holds on its GPU (`dustin_runtime.memory.plan_profile`)."""
+    return plan_profile(target, draft, context=cfg.context, windows=cfg.windows, extra_windows=cfg.heldout + cfg.retrieval,
+                        positions=cfg.positions, gamma=cfg.gamma, budgets=len(cfg.all_budgets),
+                        prefill_chunk=cfg.prefill_chunk, dtype_bytes=dtype.itemsize, tp_allowed=False)
+
+
 def _relative(p: str) -> str:
     """A path relative to the repository (e.g. ../shared/...) when it is close to it."""
     rel = os.path.relpath(Path(p).resolve(), REPO)
@@ -200,7 +208,7 @@ def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0
     share the rest), and with `facts` (rows [start, end) per retrieval window) their target
     distribution is the fact's rows, uniform, so their ARR is the share of the fact the set keeps:
     a fact is a few tokens and holds only a few percent of the mean attention mass, too little
-    for the mass alone to favour the heads that find it (results/passkey/README.md)."""
+    for the mass alone to favour the heads that find it (results/retrieval-passkey/README.md)."""
     cat = {k: torch.cat([r[k] for r in recs], dim=1 if k in ("draft", "target") else 0)
            for k in ("lengths", "attn", "draft", "target", "layer_attn", "quest")}
     weight = None
@@ -268,14 +276,17 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
     t0 = time.perf_counter()
     device = pipeline.pick_device(cfg.device)
     dtype = pipeline.pick_dtype(cfg.dtype, device)
+    mcfgs = {}
     for spec in (cfg.target, cfg.draft):
-        mcfg = read_config(resolve_checkpoint(spec))
+        mcfg = mcfgs[spec] = read_config(resolve_checkpoint(spec))
         if spec == cfg.target and cfg.max_refresh > mcfg.num_layers:
             raise DustinError(f"--max-refresh {cfg.max_refresh} exceeds {spec}'s {mcfg.num_layers} layers")
         if cfg.context + cfg.gamma + 1 > mcfg.max_position_embeddings:
             raise DustinError(f"--context {cfg.context} + gamma + 1 exceeds {spec}'s context of "
                               f"{mcfg.max_position_embeddings} tokens; use --context <= "
                               f"{mcfg.max_position_embeddings - cfg.gamma - 1}")
+    plan = memory_plan(cfg, mcfgs[cfg.target], mcfgs[cfg.draft], dtype)
+    check_free(plan, device)  # before any weight is read
     with console.status("loading models"):
         tgt = pipeline.load(cfg.target, dtype=dtype, device=device)
         drf = pipeline.load(cfg.draft, dtype=dtype, device=device)
@@ -376,7 +387,8 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
                 "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
                 "seconds": {"record": round(t_rec, 2), "search": round(t_search, 2),
                             "total": round(time.perf_counter() - t0, 2)},
-                "windows_recorded": recorded},
+                "windows_recorded": recorded,
+                "memory": {"plan": plan.record(), "peak_bytes": peak_bytes(device)}},
     }
     prof = Profile(
         tool_version=tool_version(),

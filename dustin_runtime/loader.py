@@ -1,7 +1,9 @@
 """Load a `Transformer` from a Hugging Face folder (config.json + safetensors, sharded or not), a
 GGUF file (dequantised through transformers' GGUF reader), a hub id already in the local Hugging
 Face cache (offline only), the embedded SmolLM2 GGUF (`smollm2`), or random weights at a preset
-shape.
+shape (`random:<preset>`, e.g. `random:qwen2.5-7b`: the preset's config, N(0, 0.02) weights and its
+family's tokenizer from ../shared/tokenizers, so commands run at a published shape without its
+weights).
 
 Under tensor parallelism (`tp`) each rank reads only its slices of the safetensors files
 (`safe_open(...).get_slice`), so no rank materialises the whole model; a GGUF is dequantised whole
@@ -32,6 +34,8 @@ Index = tuple[slice, ...] | None  # a slice of a stored tensor (None: all of it)
 Getter = Callable[[str, Index], torch.Tensor]
 
 SMOLLM2_ALIAS = "smollm2"
+RANDOM_PREFIX = "random:"
+SHARED_TOKENIZERS = Path(__file__).resolve().parents[2] / "shared" / "tokenizers"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -42,12 +46,21 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
 class Checkpoint:
     """A resolved model source: a folder with config.json + safetensors, or a GGUF file."""
 
-    kind: str  # "hf" | "gguf"
-    path: Path  # the folder (hf) or the .gguf file (gguf)
+    kind: str  # "hf" | "gguf" | "random"
+    path: Path  # the folder (hf) or the .gguf file (gguf); random: its tokenizer's folder or .gguf
     model_id: str  # what the user asked for, kept for provenance
 
+    def tokenizer_checkpoint(self) -> Checkpoint:
+        """Where the tokenizer is read from (a random-weight model's: its family's)."""
+        if self.kind != "random":
+            return self
+        return Checkpoint("gguf" if self.path.suffix == ".gguf" else "hf", self.path, self.model_id)
+
     def weight_files(self) -> list[Path]:
-        """The files holding the weights (the .gguf, or the folder's safetensors and index)."""
+        """The files holding the weights (the .gguf, or the folder's safetensors and index; none
+        for random weights)."""
+        if self.kind == "random":
+            return []
         if self.kind == "gguf":
             return [self.path]
         return sorted(self.path.glob("*.safetensors")) + sorted(self.path.glob("*.safetensors.index.json"))
@@ -94,6 +107,8 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
     """Turn a user's --target/--draft value into a `Checkpoint`, or fail with one clear line."""
     if spec == SMOLLM2_ALIAS:
         return Checkpoint("gguf", smollm2_gguf_path(), "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1")
+    if spec.startswith(RANDOM_PREFIX):
+        return _random_checkpoint(spec)
     p = Path(spec).expanduser()
     if p.is_file():
         if p.suffix != ".gguf":
@@ -120,8 +135,27 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
     raise DustinError(f"{spec}: no such checkpoint folder or file")
 
 
+def _random_checkpoint(spec: str) -> Checkpoint:
+    """`random:<preset>`: the preset (unknown names refused with the list) and its tokenizer."""
+    from dustin_runtime.presets import preset
+
+    cfg = preset(spec.removeprefix(RANDOM_PREFIX))
+    if cfg.name.startswith("HuggingFaceTB/SmolLM2"):  # the embedded GGUF's tokenizer
+        return Checkpoint("random", smollm2_gguf_path(), spec)
+    family = "qwen3" if cfg.arch.startswith("qwen") else "llama3"
+    folder = SHARED_TOKENIZERS / family
+    if not (folder / "tokenizer.json").is_file():
+        raise DustinError(f"{spec}: random weights take the {family} tokenizer from {folder}, which has no "
+                          "tokenizer.json")
+    return Checkpoint("random", folder, spec)
+
+
 def read_config(ckpt: Checkpoint) -> ModelConfig:
     """The model config of a checkpoint (validated: unsupported architectures are refused)."""
+    if ckpt.kind == "random":
+        from dustin_runtime.presets import preset
+
+        return preset(ckpt.model_id.removeprefix(RANDOM_PREFIX))
     if ckpt.kind == "hf":
         path = ckpt.path / "config.json"
         try:
@@ -230,11 +264,16 @@ def _hf_tensor_getter(folder: Path) -> tuple[Getter, set[str]]:
         raise DustinError(f"{folder}: {e}") from None
 
 
+def cache_dir(kind: str) -> Path:
+    """Where dustin keeps what it rebuilds on demand (GGUF conversions, tokenizers): $DUSTIN_CACHE
+    or ~/.cache/dustin, one sub-folder per kind."""
+    return Path(os.environ.get("DUSTIN_CACHE", Path.home() / ".cache" / "dustin")) / kind
+
+
 def _gguf_cache_file(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("DUSTIN_CACHE", Path.home() / ".cache" / "dustin"))
-    return root / "gguf" / f"{path.stem}-{key}.safetensors"
+    return cache_dir("gguf") / f"{path.stem}-{key}.safetensors"
 
 
 def _sha256(path: Path) -> str:
@@ -354,17 +393,24 @@ def convert_weights(
     def one(n: str, index: Index = None) -> Callable[[], torch.Tensor]:
         return lambda: get(fix(n), index)
 
+    def vocab_rows(n: str) -> Callable[[], torch.Tensor]:  # this rank's rows, zeros past the vocabulary
+        if tp is None:
+            return one(n)
+        start, stop = r * local.vocab_size, min((r + 1) * local.vocab_size, cfg.vocab_size)
+        part = one(n, (slice(start, stop),))
+        return lambda: torch.nn.functional.pad(part(), (0, 0, 0, local.vocab_size - (stop - start)))
+
     def cat(*parts: tuple[str, Index]) -> Callable[[], torch.Tensor]:
         return lambda: torch.cat([get(fix(n), index) for n, index in parts], dim=0)
 
-    H, G, inter, vocab = local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size
+    H, G, inter = local.num_heads, local.num_kv_heads, local.intermediate_size
     out: dict[str, Callable[[], torch.Tensor]] = {
-        "embed.weight": one("model.embed_tokens.weight", rows(vocab)),
+        "embed.weight": vocab_rows("model.embed_tokens.weight"),
         "norm.weight": one("model.norm.weight"),
     }
     if not cfg.tie_word_embeddings:
         head = "lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight"
-        out["lm_head.weight"] = one(head, rows(vocab))
+        out["lm_head.weight"] = vocab_rows(head)
     for i in range(cfg.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         out[f"layers.{i}.attn_norm.weight"] = one(p + "input_layernorm.weight")
@@ -427,6 +473,8 @@ def load_model(
         ckpt = spec if isinstance(spec, Checkpoint) else resolve_checkpoint(spec)
         cfg = read_config(ckpt)
         shard_config(cfg, tp)  # a world size that does not divide the heads: refused before any read
+        if ckpt.kind == "random":
+            return random_model(cfg, dtype=dtype, device=device, tp=tp), ckpt
         if ckpt.kind == "hf":
             get, names = _hf_tensor_getter(ckpt.path)
         else:

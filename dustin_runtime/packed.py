@@ -1,7 +1,7 @@
 """Low-bit group storage of checkpoint tensors (GGUF's Q4_1 layout, at any width of 2-8 bits): per
 group of 32 consecutive values along a row, a float16 scale d and minimum m, each value q * d + m
 with q in 0..2^bits - 1, the levels bit-packed. Drafts built from the target's own layers are
-stored this way (`scripts/draft/train.py --init-layers`, results/draft/target-layers): the target's
+stored this way (`scripts/draft/train.py --init-layers`, results/draft-training/target-layers): the target's
 GGUF holds those layers as Q4_1, so 4 bits round-trip them exactly. The loader expands such tensors
 on read, so a grouped checkpoint loads wherever a plain one does.
 

@@ -11,8 +11,15 @@ import torch
 
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import generate
-from dustin_runtime.loader import Checkpoint, load_model, parse_dtype
+from dustin_runtime.loader import (
+    Checkpoint,
+    load_model,
+    parse_dtype,
+    read_config,
+    resolve_checkpoint,
+)
 from dustin_runtime.lookup import LookupConfig
+from dustin_runtime.memory import check_free, plan_decode
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import SamplingConfig
 from dustin_runtime.speculative import SpecHooks, speculative_generate
@@ -74,6 +81,8 @@ def load_pair(
         from dustin_runtime.draft_vocab import parse_spec
 
         parse_spec(draft_vocab)  # a malformed spec is refused before any model loads
+    shapes = [read_config(resolve_checkpoint(s)) if s else None for s in (target, draft)]
+    check_free(plan_decode(*shapes, tp=1 if tp is None else tp.world, dtype_bytes=dtype.itemsize), device, tp)
     t = load(target, dtype=dtype, device=device, tp=tp)
     if draft is None:
         return t, None

@@ -1,16 +1,25 @@
 """Tokenizers through `AutoTokenizer` (folders and GGUF files), chat templates, and the check that a
-draft and a target share a vocabulary (positions and token ids must align)."""
+draft and a target share a vocabulary (positions and token ids must align).
+
+Building a tokenizer from a GGUF's metadata takes seconds (tens on a loaded 2-core machine), so it is
+built once and kept, saved as one JSON file of the tokenizer's own files, in the cache folder
+(`loader.cache_dir`, keyed by the GGUF's size, mtime and sampled-content fingerprint and the
+transformers version); a cache file that is missing, torn or does not load is rebuilt."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import tempfile
+from pathlib import Path
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.loader import Checkpoint
+from dustin_runtime.io.files import atomic_write, read_json
+from dustin_runtime.loader import Checkpoint, cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+CACHE_FORMAT = 1  # bump when the cached form changes
 
 
 def load_tokenizer(ckpt: Checkpoint):
@@ -21,9 +30,14 @@ def load_tokenizer(ckpt: Checkpoint):
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    ckpt = ckpt.tokenizer_checkpoint()
     if ckpt.kind == "hf" and not any((ckpt.path / f).is_file() for f in TOKENIZER_FILES):
         raise DustinError(f"{ckpt.model_id}: no tokenizer files in this folder (one of {', '.join(TOKENIZER_FILES)}); "
                           "copy the tokenizer of the model beside its config.json")
+    cached = tokenizer_cache_file(ckpt) if ckpt.kind == "gguf" else None
+    tok = _from_cache(cached) if cached is not None else None
+    if tok is not None:
+        return tok
     try:
         if ckpt.kind == "gguf":
             tok = AutoTokenizer.from_pretrained(str(ckpt.path.parent), gguf_file=ckpt.path.name)
@@ -35,7 +49,53 @@ def load_tokenizer(ckpt: Checkpoint):
         raise DustinError(f"{ckpt.model_id}: cannot load its tokenizer ({type(e).__name__}: {first})") from None
     if size == 0:
         raise DustinError(f"{ckpt.model_id}: its tokenizer has an empty vocabulary")
+    if cached is not None:
+        _to_cache(tok, cached)
     return tok
+
+
+def tokenizer_cache_file(ckpt: Checkpoint) -> Path:
+    """The cache file of a GGUF's tokenizer: its key changes when the file (size, mtime, sampled
+    content) or the transformers that builds the tokenizer changes."""
+    import transformers
+
+    st = ckpt.path.stat()
+    ident = f"{CACHE_FORMAT}:{transformers.__version__}:{st.st_size}:{st.st_mtime_ns}:{ckpt.weights_fingerprint()}"
+    return cache_dir("tokenizers") / f"{ckpt.path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+
+def _from_cache(path: Path):
+    """The tokenizer kept at `path`, or None when there is none or it is damaged (then rebuilt)."""
+    from transformers import AutoTokenizer
+
+    try:
+        data = read_json(path, "tokenizer cache")
+    except DustinError:
+        return None
+    files = data.get("files") if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
+    if not isinstance(files, dict) or "tokenizer.json" not in files:
+        return None
+    with tempfile.TemporaryDirectory(prefix="dustin-tokenizer-") as folder:
+        try:
+            for name, text in files.items():
+                if Path(name).name != name or not isinstance(text, str):
+                    return None
+                (Path(folder) / name).write_text(text, encoding="utf-8")
+            tok = AutoTokenizer.from_pretrained(folder)
+            return tok if len(tok.get_vocab()) > 0 else None
+        except Exception:  # whatever a damaged tokenizer.json makes transformers / tokenizers raise
+            return None
+
+
+def _to_cache(tok, path: Path) -> None:
+    """Keep `tok` at `path` (atomically); a cache folder that cannot be written is skipped."""
+    with tempfile.TemporaryDirectory(prefix="dustin-tokenizer-") as folder:
+        tok.save_pretrained(folder)
+        files = {f.name: f.read_text(encoding="utf-8") for f in sorted(Path(folder).iterdir()) if f.is_file()}
+    try:
+        atomic_write(path, json.dumps({"format": CACHE_FORMAT, "files": files}))
+    except DustinError:
+        pass  # a read-only or full cache: build again next time
 
 
 def vocab_hash(tokenizer) -> str:

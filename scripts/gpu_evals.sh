@@ -22,10 +22,11 @@ P1=${P1:-profiles/smollm2-draft.json}
 ONLY=${ONLY:-}
 REFRESH=${REFRESH:-}  # empty: the profile's refresh layers
 refresh=${REFRESH:+--refresh-layers $REFRESH}
-PGO=${PGO:-results/pg19-16x1024}  # output folders (overridable: a device run writes under $OUT)
-ACO=${ACO:-results/acceptance-8x256}
-ACP=${ACP:-results/acceptance-24x256}
-ACB=${ACB:-results/acceptance-72x256}
+PGO=${PGO:-results/fidelity-pg19-policies}  # output folders (overridable: a device run writes under $OUT)
+PGR=${PGR:-results/fidelity-pg19}  # dustin with the profile's refresh layers (and, under budgets/, at S = 768, 1024)
+ACO=${ACO:-results/acceptance-retention}
+ACP=${ACP:-results/acceptance-lookup}
+ACB=${ACB:-results/acceptance-sparse-drafting}
 STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
@@ -50,7 +51,7 @@ step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --data "$BO
 for ctx in 4096 7168; do  # dustin without refresh: the pg19 step's records (same windows)
   step pg19-refresh $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
     --windows 16 --policy full,dustin --budget 512 --profile $P1 $refresh \
-    --out-dir $PGO/refresh
+    --out-dir $PGR
 done
 step acceptance-refresh $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
   --windows 8 --max-new-tokens 256 --budget 512 --policy full,dustin $refresh --profile $P1 \
@@ -58,7 +59,7 @@ step acceptance-refresh $PY -m dustin.cli eval acceptance $common --data "$BOOKS
 for ctx in 4096 7168; do  # dustin with the profile's refresh layers at larger budgets
   step pg19-refresh-budgets $PY -m dustin.cli eval pg19 $common --data "$BOOKS" --context $ctx --eval-tokens 1024 \
     --windows 16 --policy full,dustin --budget 768,1024 --profile $P1 $refresh \
-    --out-dir $PGO/budgets-refresh
+    --out-dir $PGR/budgets
 done
 step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
   --windows 8 --max-new-tokens 256 --budget 768 --policy full,dustin $refresh --profile $P1 \

@@ -3,7 +3,7 @@ values): record `windows` calibration windows of `context` tokens for a target/d
 then run the greedy search over every candidate KV head, and extrapolate to 16 windows.
 
     python scripts/profile_scale.py --target qwen2.5-7b --draft qwen2.5-0.5b --context 32763 \
-        --windows 2 --out results/profile/scale-qwen2.5-7b-0.5b-32k.json
+        --windows 2 --out results/profile-arr/profile-scale-qwen2.5-7b-0.5b-32k.json
 """
 
 from __future__ import annotations

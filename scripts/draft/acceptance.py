@@ -6,7 +6,7 @@ gamma 4, greedy. Reports mean accepted draft tokens per step (bonus excluded) pe
 book, and tokens per step (+1). `--check-greedy` also decodes the first prompt of the first context
 autoregressively and checks the speculative tokens equal it (greedy decoding is lossless). Usage:
   python scripts/draft/acceptance.py --draft models/smollm2-draft --contexts 2048 4096 8064 \
-      --books 4 --out results/draft/acceptance
+      --books 4 --out results/draft-training/acceptance
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--check-greedy", action="store_true")
-    ap.add_argument("--out", default="results/draft/acceptance")
+    ap.add_argument("--out", default="results/draft-training/acceptance")
     args = ap.parse_args()
 
     from dustin_runtime import pipeline

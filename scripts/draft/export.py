@@ -2,9 +2,9 @@
 
 Reassembles draft.safetensors.partN, checks the sha256 recorded in metrics.json, loads the weights
 into a LlamaForCausalLM built from the draft config, ties the head, saves the folder in bf16 with
-the SmolLM2 tokenizer (compact tokenizer.json), then writes results/draft/: the training log, the
+the SmolLM2 tokenizer (compact tokenizer.json), then writes results/draft-training/: the training log, the
 loss-curve PNG and metrics.json. Usage:
-  python scripts/draft/export.py --run runs/draft --model models/smollm2-draft --results results/draft
+  python scripts/draft/export.py --run runs/draft --model models/smollm2-draft --results results/draft-training
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", default="runs/draft")
     ap.add_argument("--model", default="models/smollm2-draft")
-    ap.add_argument("--results", default="results/draft")
+    ap.add_argument("--results", default="results/draft-training")
     args = ap.parse_args()
     from safetensors.torch import load
 

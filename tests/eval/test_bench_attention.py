@@ -18,7 +18,7 @@ def test_parse_list_and_result_path():
     with pytest.raises(DustinError, match="bad list"):
         ba.parse_list("8k")
     cfg = ba.BenchConfig(shape="qwen2.5-72b", context=32768, batch=16, budget=512)
-    assert ba.result_path(Path("results/bench"), cfg).name == "attention-qwen2.5-72b-32768-16-512.json"
+    assert ba.result_path(Path("results/kernels-attention"), cfg).name == "attention-qwen2.5-72b-32768-16-512.json"
 
 
 def test_shapes_come_from_the_presets():

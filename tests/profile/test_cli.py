@@ -22,6 +22,7 @@ def made(models, calib_text, tmp_path_factory, run_cli):
 def test_profile_run_prints_tables(made):
     out, p = made
     assert "ARR at S = 40" in p.stdout and "greedy rounds" in p.stdout and "wrote" in p.stdout
+    assert "memory: plan " in p.stdout and "peak" not in p.stdout  # no peak on CPU
     prof = load_profile(out)
     assert prof.calibration["run"]["command"].startswith("dustin profile --target")
 
@@ -73,3 +74,11 @@ def test_show_prints_only_what_the_profile_proves(run_cli):
     assert "made by" in p.stdout and "schema 3" in p.stdout
     assert "dustin unknown" not in p.stdout and "/tmp/" not in p.stdout
     assert "SmolLM2-135M-Instruct.Q4_1.gguf (on the machine that made it)" in p.stdout
+
+
+def test_profile_runs_on_random_presets(calib_text, run_cli, tmp_path):
+    out = tmp_path / "p.json"
+    p = run_cli("profile", "--target", "random:smollm2", "--draft", "random:smollm2", "--calib", str(calib_text),
+                "--context", "96", "--windows", "1", "--budget", "40", "--sinks", "2", "--window", "8",
+                "--max-heads", "1", "--out", str(out), ok=True)
+    assert "memory: plan" in p.stdout and out.is_file()

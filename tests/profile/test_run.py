@@ -43,6 +43,9 @@ def test_artifact_tables_plots_and_round_trip(first):
     assert 0 < prof.arr <= prof.arr_baselines["oracle"] + 1e-6
     assert prof.calibration["context"] == 160 and len(prof.calibration["windows"]) == 2
     assert 0 < prof.online_cost["share"] < 1
+    mem = prof.calibration["run"]["memory"]  # the plan made before loading; no peak on CPU
+    assert mem["peak_bytes"] is None and mem["plan"]["settings"] == {"tp": 1, "context": 160, "windows": 2}
+    assert mem["plan"]["total_bytes"] == sum(mem["plan"]["bytes"].values()) > 0
     for name in ("rounds", "candidates", "budgets", "layers", "plot_complementarity", "plot_rounds", "plot_budget"):
         assert (path.parent / prof.tables[name]).stat().st_size > 0, name
     text = path.read_text()
