@@ -3,7 +3,7 @@ runtime loads. Parquet tables and PNG plots sit beside the JSON (named in `table
 
 Schema 2 adds held-out figures (`heldout`); schema 3 refresh layers (`refresh_layers`,
 `refresh_search`: `--max-refresh`); schema 8 drops the fields of features that measured no gain
-(notes/dropped.md). Older files (1, 2, 3, 5, 6, 7; 4 was the withdrawn pool's) load with those
+(RESULTS.md, tried and dropped). Older files (1, 2, 3, 5, 6, 7; 4 was the withdrawn pool's) load with those
 fields ignored where they are empty (`DROPPED`); a profile that uses one is refused with one line.
 Loading validates the schema; `check_models` refuses a profile made for other models."""
 
@@ -222,7 +222,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
                           f"{', '.join(map(str, READS))})")
     for key, (unused, feature) in DROPPED.items():
         if key in d and d[key] != unused:
-            raise DustinError(f"{source} uses {feature}, which dustin no longer has (notes/dropped.md names the "
+            raise DustinError(f"{source} uses {feature}, which dustin no longer has (RESULTS.md, tried and dropped, names the "
                               "commit that holds it): profile the pair again without it")
     kw = _build(Profile, d, source, skip=("draft_heads", "target_heads", "m_by_budget", "refresh_layers"))
     kw["target"] = ModelInfo(**_build(ModelInfo, d["target"], f"{source}: target"))

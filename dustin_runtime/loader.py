@@ -393,17 +393,24 @@ def convert_weights(
     def one(n: str, index: Index = None) -> Callable[[], torch.Tensor]:
         return lambda: get(fix(n), index)
 
+    def vocab_rows(n: str) -> Callable[[], torch.Tensor]:  # this rank's rows, zeros past the vocabulary
+        if tp is None:
+            return one(n)
+        start, stop = r * local.vocab_size, min((r + 1) * local.vocab_size, cfg.vocab_size)
+        part = one(n, (slice(start, stop),))
+        return lambda: torch.nn.functional.pad(part(), (0, 0, 0, local.vocab_size - (stop - start)))
+
     def cat(*parts: tuple[str, Index]) -> Callable[[], torch.Tensor]:
         return lambda: torch.cat([get(fix(n), index) for n, index in parts], dim=0)
 
-    H, G, inter, vocab = local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size
+    H, G, inter = local.num_heads, local.num_kv_heads, local.intermediate_size
     out: dict[str, Callable[[], torch.Tensor]] = {
-        "embed.weight": one("model.embed_tokens.weight", rows(vocab)),
+        "embed.weight": vocab_rows("model.embed_tokens.weight"),
         "norm.weight": one("model.norm.weight"),
     }
     if not cfg.tie_word_embeddings:
         head = "lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight"
-        out["lm_head.weight"] = one(head, rows(vocab))
+        out["lm_head.weight"] = vocab_rows(head)
     for i in range(cfg.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         out[f"layers.{i}.attn_norm.weight"] = one(p + "input_layernorm.weight")

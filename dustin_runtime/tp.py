@@ -104,19 +104,29 @@ def _gather_into(out: torch.Tensor, t: torch.Tensor, group) -> None:
 
 
 def shard_config(cfg: ModelConfig, tp: TensorParallel | None) -> ModelConfig:
-    """The shapes one rank holds: heads, KV heads, MLP width and vocabulary divided by the world
-    size. Refuses, in one line, a world size that does not divide them."""
+    """The shapes one rank holds: heads, KV heads and MLP width divided by the world size, and the
+    vocabulary padded to a multiple of it (ceil(V / P) rows each; the last rank's rows past V are
+    zeros whose logits are -inf, never chosen or sampled, as vLLM pads). Refuses, in one line, a
+    world size that does not divide the heads or the MLP, or leaves a rank no vocabulary row."""
     if tp is None:
         return cfg
     P = tp.world
     if cfg.num_kv_heads % P:
         raise DustinError(f"--tp {P} does not divide the {cfg.num_kv_heads} KV heads of {cfg.name or cfg.arch} "
                           f"(attention is split by KV heads): use a --tp that divides {cfg.num_kv_heads}")
-    for what, n in (("MLP width (intermediate_size)", cfg.intermediate_size), ("vocabulary", cfg.vocab_size)):
-        if n % P:
-            raise DustinError(f"--tp {P} does not divide the {what} {n} of {cfg.name or cfg.arch}")
+    if cfg.intermediate_size % P:
+        raise DustinError(f"--tp {P} does not divide the MLP width (intermediate_size) {cfg.intermediate_size} "
+                          f"of {cfg.name or cfg.arch}")
+    per = padded_vocab(cfg.vocab_size, P) // P
+    if (P - 1) * per >= cfg.vocab_size:
+        raise DustinError(f"--tp {P} leaves a rank no row of the vocabulary of {cfg.vocab_size}: use a smaller --tp")
     return replace(cfg, num_heads=cfg.num_heads // P, num_kv_heads=cfg.num_kv_heads // P,
-                   intermediate_size=cfg.intermediate_size // P, vocab_size=cfg.vocab_size // P)
+                   intermediate_size=cfg.intermediate_size // P, vocab_size=per)
+
+
+def padded_vocab(vocab: int, world: int) -> int:
+    """The vocabulary rounded up to a multiple of the world size (the rows every rank's share covers)."""
+    return -(-vocab // world) * world
 
 
 def local_heads(heads: tuple[Head, ...], tp: TensorParallel | None, cfg: ModelConfig,
