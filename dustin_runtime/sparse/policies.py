@@ -176,6 +176,11 @@ class DraftSet:
         self.idx[:, : self.S].copy_(indices)
         self.set_lens.copy_(lens)
 
+    def cut(self, lens: torch.Tensor) -> None:
+        """Drop the set's rows at or past lens [B] (a rollback; its rows since L0 follow the lengths)."""
+        self.idx[:, : self.S].masked_fill_(self.idx[:, : self.S] >= lens.view(-1, 1), -1)
+        torch.minimum(self.set_lens, lens, out=self.set_lens)
+
     def drafted(self, start: torch.Tensor, lens: torch.Tensor) -> None:
         """Before a draft forward at rows start [B] of a step at context lengths lens [B]."""
         W, g = self.W, self.gamma
@@ -273,6 +278,11 @@ class SparsePolicy(Policy):
 
     def drafted(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens
+
+    def rolled_back(self, lengths: torch.Tensor) -> None:
+        """The draft set keeps no row past the new lengths (exact mode's confirmation pass)."""
+        if self.draft_set is not None:
+            self.draft_set.cut(lengths[self.rows])
 
     def shadow_backend(self, default: AttentionBackend) -> AttentionBackend | None:
         """Paired drafting: with `paired` and sparse drafting, each step is also drafted over the
@@ -510,6 +520,11 @@ class SignalPolicy(SparsePolicy):
         super().drafted(tokens)
         self.holding = False
         self.join()
+
+    def rolled_back(self, lengths):
+        super().rolled_back(lengths)
+        if self.hist_lens is not None:  # the deferred history scores the kept rows only
+            torch.minimum(self.hist_lens, lengths, out=self.hist_lens)
 
     def join(self):
         if self.forked and not self.holding:
