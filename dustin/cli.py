@@ -197,6 +197,7 @@ def profile(
     out: Path | None = typer.Option(None, help="Profile JSON (default: runs/profile/<target>-<draft>.json); tables "
                                                "and plots go beside it, resumable work in <out>.work/."),
     restart: Restart = False,
+    tp: TP = None,
 ) -> None:
     """Offline profiling: Algorithm 1 (greedy retrieval-head search and draft/target split m maximising
     ARR) on calibration text, written as a versioned profile artifact. `dustin profile show p.json` prints one."""
@@ -206,15 +207,18 @@ def profile(
         return
     if target is None or draft is None:
         raise DustinError("dustin profile needs --target and --draft (see `dustin profile --help`)")
-    _one_process("profile")
     from dustin_profile.run import ProfileConfig, run_profile
+
+    group = _start_tp(tp, "auto")  # the target sharded by KV heads, the draft replicated; rank 0 writes
 
     out = out or RUNS / "profile" / f"{Path(target).name}-{Path(draft).name}.json"
     cfg = ProfileConfig(target=target, draft=draft, out=str(out), calib=tuple(calib or ()), context=context,
                         windows=windows, retrieval=retrieval_windows, budget=budget, sinks=sinks, window=window,
                         max_heads=max_heads, heldout=heldout_windows, max_refresh=max_refresh, dtype=dtype)
-    res = run_profile(cfg, command=" ".join(["dustin", *sys.argv[1:]]), console=err_console, restart=restart)
-    render.profile(res, cfg)
+    res = run_profile(cfg, command=" ".join(["dustin", *sys.argv[1:]]), console=err_console, restart=restart,
+                      tp=group)
+    if res is not None:  # rank 0
+        render.profile(res, cfg)
 
 
 @profile_app.command("vocab")

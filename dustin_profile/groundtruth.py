@@ -20,7 +20,10 @@ target KV head, the set the runtime would have chosen at L from the target alone
 and its own drafts.
 The target history signal of position L comes from the previous verification pass, taken as the
 gamma + 1 true tokens before L (all accepted): the target's queries at [L - gamma - 1, L),
-captured during prefill, softmax over that pass's context [0, L - gamma - 1)."""
+captured during prefill, softmax over that pass's context [0, L - gamma - 1).
+Under tensor parallelism (a target sharded by KV heads, the draft replicated) each rank records its
+KV heads: the per-layer attention and Quest's ARR are averaged over ranks (each a mean over equally
+many heads) and the target's signals all-gathered, so every rank holds one process's record."""
 
 from __future__ import annotations
 
@@ -64,8 +67,8 @@ class Recorder(AttentionBackend):
 
     def __init__(self, base: AttentionBackend, num_layers: int, capture: list[int] = (),
                  quest_budgets: tuple[int, ...] = (), page: int = PAGE, quest_sinks: int = 0,
-                 quest_window: int = 0):
-        self.base = base
+                 quest_window: int = 0, tp=None):
+        self.base, self.tp = base, tp  # tp: the target's `TensorParallel` (its heads are this rank's)
         self.capture = sorted(capture)
         self.slot = {p: i for i, p in enumerate(self.capture)}
         self.quest_budgets = tuple(quest_budgets)
@@ -112,12 +115,17 @@ class Recorder(AttentionBackend):
         s[..., L:] = s[..., L:].masked_fill(j.view(1, M) > j.view(M, 1), float("-inf"))
         p = torch.softmax(s, dim=-1)
         out = torch.einsum("grmn,gnd->grmd", p, v).reshape(1, H, M, D)
-        self.layer_attn[layer] = context_attention(p.reshape(-1, L + M), L)[:L]
+        self.layer_attn[layer] = self._mean(context_attention(p.reshape(-1, L + M), L)[:L])
         if self.quest_budgets:
             share = p[..., :L] / p[..., :L].sum(-1, keepdim=True)  # [G, r, M, L]: each query's context share
-            self.quest[layer] = quest_masses(qf, k[:, :L], share, self.quest_budgets, self.page,
-                                             sinks=self.quest_sinks, window=self.quest_window).cpu()
+            self.quest[layer] = self._mean(quest_masses(qf, k[:, :L], share, self.quest_budgets, self.page,
+                                                        sinks=self.quest_sinks, window=self.quest_window)).cpu()
         return out.to(q.dtype)
+
+
+    def _mean(self, x: torch.Tensor) -> torch.Tensor:
+        """A mean over this rank's heads -> over every head (ranks hold equally many)."""
+        return x if self.tp is None else self.tp.all_reduce_(x.contiguous()) / self.tp.world
 
 
 def _prefill(model: Transformer, cache: KVCache, ids: list[int], backend, chunk: int) -> None:
@@ -165,7 +173,7 @@ def record_window(
     # target: prefill, keeping the history queries [L - M, L) of every position
     capture = sorted({p - M + j for p in order for j in range(M)})
     trec = Recorder(default_backend(device), target.cfg.num_layers, capture, quest_budgets, quest_sinks=sinks,
-                    quest_window=window)
+                    quest_window=window, tp=target.tp)
     tcache = target.allocate_cache(1, N + M)
     _prefill(target, tcache, tokens[:N], trec, prefill_chunk)
     slots = torch.tensor([[trec.slot[p - M + j] for j in range(M)] for p in order], device=device)  # [P, M]
@@ -173,7 +181,10 @@ def record_window(
     tsig = []
     for layer in range(target.cfg.num_layers):
         qh = trec.q_capture[layer][:, slots].transpose(0, 1)  # [P, H, M, D]
-        tsig.append(kv_head_signals(qh, tcache.k[layer], hist_lens)[..., :N].float().cpu())
+        sig = kv_head_signals(qh, tcache.k[layer], hist_lens)[..., :N].float()  # [G (this rank's), P, N]
+        if target.tp is not None:  # every KV head's, in order (rank r holds heads [r G/W, (r + 1) G/W))
+            sig = target.tp.all_gather(sig).flatten(0, 1)
+        tsig.append(sig.cpu())
     # draft: prefill once; per position draft gamma tokens and keep its queries
     through = None
     if draft_set is not None:

@@ -150,11 +150,12 @@ def online_cost(tcfg: ModelConfig, dcfg: ModelConfig, n_draft: int, n_target: in
     }
 
 
-def memory_plan(cfg: ProfileConfig, target: ModelConfig, draft: ModelConfig, dtype: torch.dtype) -> MemoryPlan:
-    """What the run holds on its GPU (`dustin_runtime.memory.plan_profile`)."""
-    return plan_profile(target, draft, context=cfg.context, windows=cfg.windows, extra_windows=cfg.heldout + cfg.retrieval,
+def memory_plan(cfg: ProfileConfig, target: ModelConfig, draft: ModelConfig, dtype: torch.dtype,
+                tp: int = 1) -> MemoryPlan:
+    """What the run holds on each GPU (`dustin_runtime.memory.plan_profile`)."""
+    return plan_profile(target, draft, tp=tp, context=cfg.context, windows=cfg.windows, extra_windows=cfg.heldout + cfg.retrieval,
                         positions=cfg.positions, gamma=cfg.gamma, budgets=len(cfg.all_budgets),
-                        prefill_chunk=cfg.prefill_chunk, dtype_bytes=dtype.itemsize, tp_allowed=False)
+                        prefill_chunk=cfg.prefill_chunk, dtype_bytes=dtype.itemsize)
 
 
 def _relative(p: str) -> str:
@@ -244,9 +245,15 @@ def _progress(console):
                     TimeRemainingColumn(), console=console, transient=False, disable=not console.is_terminal)
 
 
-def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart: bool = False) -> RunResult:
+def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart: bool = False,
+                tp=None) -> RunResult | None:
     """Profile a target/draft pair and write the artifact (see the module docstring). The work
-    folder `<out>.work/` is locked for the run: a second run on the same --out is refused."""
+    folder `<out>.work/` is locked for the run: a second run on the same --out is refused. Under
+    `tp` (a `TensorParallel`, every rank calling) the target is sharded by KV heads and the draft
+    replicated; each window's record is gathered onto every rank (`record_window`), rank 0 runs the
+    search and alone writes (the lock, the windows, the artifact); other ranks return None."""
+    if tp is not None and cfg.max_refresh:
+        raise DustinError("--max-refresh runs in one process for now: profile without --tp, or without it")
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -256,7 +263,7 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
         for f in out.parent.glob(f".{out.name}.*"):  # the JSON's temp file, if a kill cut its write
             if TEMP_NAME.match(f.name):
                 f.unlink(missing_ok=True)
-        return _run(cfg, command, console, restart)
+        return _run(cfg, command, console, restart, tp)
 
 
 def _publish(out: Path, prof: Profile, stage: Path) -> Profile:
@@ -268,7 +275,7 @@ def _publish(out: Path, prof: Profile, stage: Path) -> Profile:
     return prof
 
 
-def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
+def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp=None) -> RunResult | None:
     from dustin_runtime import pipeline
     from dustin_runtime.loader import read_config, resolve_checkpoint
     from dustin_runtime.tokenizer import check_same_vocab, vocab_hash
@@ -285,10 +292,10 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
             raise DustinError(f"--context {cfg.context} + gamma + 1 exceeds {spec}'s context of "
                               f"{mcfg.max_position_embeddings} tokens; use --context <= "
                               f"{mcfg.max_position_embeddings - cfg.gamma - 1}")
-    plan = memory_plan(cfg, mcfgs[cfg.target], mcfgs[cfg.draft], dtype)
-    check_free(plan, device)  # before any weight is read
+    plan = memory_plan(cfg, mcfgs[cfg.target], mcfgs[cfg.draft], dtype, 1 if tp is None else tp.world)
+    check_free(plan, device, tp)  # before any weight is read
     with console.status("loading models"):
-        tgt = pipeline.load(cfg.target, dtype=dtype, device=device)
+        tgt = pipeline.load(cfg.target, dtype=dtype, device=device, tp=tp)
         drf = pipeline.load(cfg.draft, dtype=dtype, device=device)
     tinfo = model_info(tgt.model_id, tgt.model.cfg, vocab_hash(tgt.tokenizer))
     dinfo = model_info(drf.model_id, drf.model.cfg, vocab_hash(drf.tokenizer))
@@ -314,6 +321,8 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
             path = work / f"w{i:03d}.pt"
             whash = cal.windows_hash([w])
             rec = _load_window(path, whash)
+            if tp is not None and tp.all_reduce_(torch.tensor([float(rec is None)], device=device), "max").item():
+                rec = None  # recorded by every rank together when any lacks it
             if rec is None:
                 bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
                 rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
@@ -328,6 +337,8 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
             recs.append(rec)
             bar.advance(task)
     t_rec = time.perf_counter() - t_rec
+    if tp is not None and tp.rank != 0:
+        return None  # the rest (search, tables, artifact) is rank 0's: no collective follows
     n, h = cfg.windows, cfg.heldout
     held_windows, held_recs = windows[n: n + h], recs[n: n + h]
     windows, recs = windows[:n] + windows[n + h:], recs[:n] + recs[n + h:]  # calibration
@@ -382,7 +393,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool) -> RunResult:
         "mean_accepted": float(accepted.mean()),
         "search": {"max_heads": cfg.max_heads, "epsilon": cfg.epsilon, "m_points": cfg.m_points, "stop": res.stop,
                    "rounds": len(res.rounds) - 1},
-        "run": {"command": command, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "run": {"command": command, "device": str(device), "tp": 1 if tp is None else tp.world, "dtype": str(dtype).removeprefix("torch."),
                 "torch": torch.__version__, "python": platform.python_version(),
                 "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
                 "seconds": {"record": round(t_rec, 2), "search": round(t_search, 2),

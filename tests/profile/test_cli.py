@@ -82,3 +82,25 @@ def test_profile_runs_on_random_presets(calib_text, run_cli, tmp_path):
                 "--context", "96", "--windows", "1", "--budget", "40", "--sinks", "2", "--window", "8",
                 "--max-heads", "1", "--out", str(out), ok=True)
     assert "memory: plan" in p.stdout and out.is_file()
+
+
+def test_profile_at_2_ranks_equals_one_process(made, models, calib_text, tp_run, tmp_path):
+    """`dustin profile --tp 2` as torchrun starts it (gloo): the target sharded by KV heads, the records
+    gathered; the same heads, m and baselines as one process, ARR within float rounding; rank 0 writes."""
+    one_out, _ = made
+    out = tmp_path / "tp.json"
+    args = ["profile", "--target", str(models["target"]), "--draft", str(models["draft"]), "--calib", str(calib_text),
+            "--context", "128", "--windows", "1", "--budget", "40", "--sinks", "2", "--window", "8",
+            "--max-heads", "2", "--out", str(out), "--tp", "2"]
+    ranks = tp_run.cli(2, *args)
+    assert [rc for rc, _, _ in ranks] == [0, 0], ranks[0][2] + ranks[1][2]
+    assert "memory: plan" in ranks[0][1] and ranks[1][1] == ""
+    one, tp = load_profile(one_out), load_profile(out)
+    assert (tp.draft_heads, tp.target_heads, tp.m, tp.m_by_budget) == \
+        (one.draft_heads, one.target_heads, one.m, one.m_by_budget)
+    assert tp.arr == pytest.approx(one.arr, abs=1e-5)
+    for k, v in one.arr_baselines.items():
+        assert tp.arr_baselines[k] == pytest.approx(v, abs=1e-5), k
+    assert tp.calibration["run"]["tp"] == 2 and tp.calibration["sha256"] == one.calibration["sha256"]
+    ranks = tp_run.cli(2, *args)  # resumed: nothing recorded again
+    assert ranks[0][0] == 0 and "(0 windows recorded, 1 resumed)" in ranks[0][1], ranks[0][2]
