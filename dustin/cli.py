@@ -151,6 +151,8 @@ def decode(
     draft_vocab: DraftVocab = None,
     draft_lookup: DraftLookup = None,
     tp: TP = None,
+    exact: int = typer.Option(0, min=0, help="Exact mode: a full-attention pass confirms the sparse-verified tokens "
+                                             "every K steps; the output is the target's greedy one (0: off)."),
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
     import json
@@ -162,13 +164,14 @@ def decode(
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     texts = pipeline.read_prompts(prompt, prompts, max_new_tokens)
-    policy, plan, lookup = plan_decode(policy, profile, budget, draft, draft_kv, refresh_layers, draft_lookup)
+    policy, plan, lookup, exact_mode = plan_decode(policy, profile, budget, draft, draft_kv, refresh_layers,
+                                                   draft_lookup, exact)
     group = _start_tp(tp, "auto")
     tgt, drf = _loaded(target, draft, "auto", group, draft_vocab)
     hooks = None if drf is None else make_policy(policy, plan.config(tgt, drf), target=tgt.model, draft=drf.model)
     with console.status("decoding", spinner="dots"):
         out = pipeline.decode(tgt, drf, texts, gamma=gamma, chat=chat, seed=seed, hooks=hooks, sampling=sampling,
-                              lookup=lookup)
+                              lookup=lookup, exact=exact_mode)
     render.decode(out)
     if json_out:
         print(json.dumps(out.record()))

@@ -37,6 +37,8 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.sampling import argmax
 
 K_MAX = 6  # the confirmation pass's rows grow as K (gamma + 1): 20 rows a sequence is past the verify graph's cliff
+DEFAULT_K = 4  # the issue's cost model: ~2.6x vanilla / 1.5x standard speculative decoding at 7B, 32k, batch 16
+SUFFIX = "-x"  # a policy name's suffix for exact mode at DEFAULT_K (dustin-x, dustin-vs-x, quest-x, ...)
 KINDS = ("draft", "correction")  # an accepted draft; the token the target chose after them (correction or bonus)
 
 
@@ -57,6 +59,13 @@ class ExactConfig:
     def rows(self, gamma: int) -> int:
         """The confirmation pass's rows a sequence (the provisional tokens of K steps at most)."""
         return self.k * (gamma + 1)
+
+
+def split_exact(name: str) -> tuple[str, ExactConfig]:
+    """A policy name -> (the plain policy's name, its exact mode: K = DEFAULT_K with the suffix, else off)."""
+    if name.endswith(SUFFIX):
+        return name.removesuffix(SUFFIX), ExactConfig(DEFAULT_K)
+    return name, ExactConfig()
 
 
 class ExactLoop:

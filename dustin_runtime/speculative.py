@@ -62,6 +62,7 @@ class SpecHooks:
     is replaced by the cached one, whose buffers the graphs hold, after its `reset()`."""
 
     name = "full"
+    exact = ExactConfig()  # the policy's exact mode (a policy name with the -x suffix: `exact.split_exact`)
     selects = False  # `before_verify` does work (a selection phase between drafting and verification)
 
     def key(self) -> tuple | None:
@@ -170,6 +171,8 @@ def speculative_generate(
     cacheable (side measurements, traces); `engine` defaults to the model pair's."""
     if gamma < 1:
         raise DustinError("gamma must be >= 1")
+    hooks = hooks or SpecHooks()
+    exact = exact if exact.on else hooks.exact
     if exact.on and not sampling.greedy:
         raise DustinError("--exact needs greedy decoding (temperature 0)")
     if target.device != draft.device:
@@ -183,7 +186,6 @@ def speculative_generate(
         if isinstance(prefilled, tuple):
             raise DustinError(f"a batch of {asked} prefilled sequences does not divide over --tp {tp.world}")
         prompts, max_new = prompts + [prompts[-1][-1:]] * pad, max_new + [0] * pad
-    hooks = hooks or SpecHooks()
     device, B, V = target.device, len(prompts), _common_vocab(target, draft)
     pkey = hooks.key()
     graphs = use_graphs(cuda_graphs, device, pkey is not None)
