@@ -421,13 +421,15 @@ def bench_e2e(
     gamma: Gamma = 4,
     policy: str | None = typer.Option(None, "--policy", help="ar (vanilla decoding), full (standard speculative "
                                       "decoding), dustin, streamingllm, quest; -vs: drafting over the verification "
-                                      "set; -r: dustin with --refresh-layers; comma-separated (default: ar, full, "
+                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 4; "
+                                      "comma-separated (default: ar, full, "
                                       "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). S = 512, sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "
                                       "target and 2 draft KV heads over 2 layers, m = 112."),
     refresh_layers: RefreshLayers = "",
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
-                                                         "`dustin decode --json` records."),
+                                                         "`dustin decode --json` records; the -x policies add "
+                                                         ":agree=P (per-token agreement of sparse and full)."),
     new_tokens: NewTokens = 64,
     alphas: str = typer.Option("0.5,0.6,0.7,0.8,0.9", help="Alpha sweep for the plot ('' to skip)."),
     draft_vocab: str | None = typer.Option(None, "--draft-vocab", help="The draft's LM head over a vocabulary subset "
