@@ -192,5 +192,10 @@ class ExactLoop:
         for name, (ch, m) in zip(KINDS, c, strict=True):
             out[f"agreement_{name}"] = m / ch if ch else 1.0
             out[f"checked_{name}"] = ch
+        per = self.counts[:rows].tolist()  # [B][kinds][checked, matched]: intervals over the sequences
+        for i, name in enumerate(("checked", "matched")):
+            out[f"exact_{name}_per_sequence"] = [sum(k[i] for k in seq) for seq in per]
+            for j, kind in enumerate(KINDS):
+                out[f"exact_{name}_{kind}_per_sequence"] = [seq[j][i] for seq in per]
         return out
 
