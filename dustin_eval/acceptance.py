@@ -315,7 +315,7 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
                  "copied from the sequence's own history where its last n-gram recurs, n from "
                  f"{cfg.lookup.max_ngram} down to {cfg.lookup.min_ngram}; lookup_share = the share of drafts copied).")
     refresh = sorted({tuple(c.refresh_layers) for c in configs.values() if c.refresh_layers})
-    if refresh and "dustin" in cfg.policies:
+    if refresh and any(policy_class(p).refreshes for p in cfg.policies):
         note += (f" dustin chooses the set again inside the verification pass at target layers "
                  f"{', '.join(map(str, refresh[0]))} (refresh layers); the other policies do not.")
     m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",
