@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from dustin_runtime.errors import DustinError
+from dustin_runtime.errors import DustinError, RankError
 
 EXIT_SIGPIPE = 128 + signal.SIGPIPE
 _received: list[int] = []  # the terminating signal, when one arrived
@@ -94,7 +94,7 @@ def leave() -> None:
 
 
 def _follow_rank0() -> None:
-    from dustin_runtime.tp import launch_rank
+    from dustin_runtime.launch import launch_rank
 
     if launch_rank() != 0:
         from dustin.render import console, err_console
@@ -112,6 +112,10 @@ def _interrupted() -> None:
 
 def _ended_by(e: BaseException) -> None:
     """Exit for an exception that escaped the command: the matching line and status, or re-raise."""
+    from dustin.render import err_console
+
+    if isinstance(e, RankError):
+        err_console.quiet = False
     if isinstance(e, DustinError):
         fail(str(e), 2)
     if isinstance(e, KeyboardInterrupt):

@@ -9,3 +9,8 @@ MAX_COUNT = 1 << 16
 
 class DustinError(Exception):
     """Bad input or an unsupported request; its message is shown to the user as one line."""
+
+
+class RankError(DustinError):
+    """A failure only this rank sees (the rendezvous: the other ranks may not exist), so every rank
+    prints it, not rank 0 alone."""

@@ -95,9 +95,11 @@ def prefill(
 class Bookkeeper:
     """Device-side outputs of a batch: emitted tokens, EOS and length limits per sequence, and the
     accepted draft count of every step. Static buffers sized once (`rows` new tokens per sequence
-    at most, `width` tokens per step), refilled in place by `reset` for each call."""
+    at most, `width` tokens per step, `steps` steps at most: `rows` by default), refilled in place
+    by `reset` for each call."""
 
-    def __init__(self, batch: int, rows: int, width: int, eos_ids, device, min_new: int = 0):
+    def __init__(self, batch: int, rows: int, width: int, eos_ids, device, min_new: int = 0,
+                 steps: int | None = None):
         self.device, self.min_new, self.width = device, min_new, width
         self.max_new = torch.zeros(batch, dtype=torch.long, device=device)
         self.produced = torch.zeros(batch, dtype=torch.long, device=device)
@@ -105,7 +107,7 @@ class Bookkeeper:
         self.eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=device)
         self.out = torch.zeros(batch, rows + 2 * width + 1, dtype=torch.long, device=device)
         self.trash = self.out.shape[1] - 1
-        self.accepted = torch.full((rows + 1, batch), -1, dtype=torch.long, device=device)  # [steps, B]
+        self.accepted = torch.full(((steps or rows) + 1, batch), -1, dtype=torch.long, device=device)  # [steps, B]
         self.step = torch.zeros(1, dtype=torch.long, device=device)
 
     def reset(self, max_new: list[int]) -> None:

@@ -1,6 +1,6 @@
 """Load a `Transformer` from a Hugging Face folder (config.json + safetensors, sharded or not), a
 GGUF file (dequantised through transformers' GGUF reader), a hub id already in the local Hugging
-Face cache (offline only), the embedded SmolLM2 GGUF (`smollm2`), or random weights at a preset
+Face cache (offline only; also by its short name, `Qwen2.5-72B`: `dustin_runtime.hub`), the embedded SmolLM2 GGUF (`smollm2`), or random weights at a preset
 shape (`random:<preset>`, e.g. `random:qwen2.5-7b`: the preset's config, N(0, 0.02) weights and its
 family's tokenizer from ../shared/tokenizers, so commands run at a published shape without its
 weights).
@@ -132,7 +132,12 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
                 "(downloads are off; pass a local folder)"
             ) from None
         return Checkpoint("hf", Path(folder), spec)
-    raise DustinError(f"{spec}: no such checkpoint folder or file")
+    if os.sep in spec or spec.startswith((".", "~")):
+        raise DustinError(f"{spec}: no such checkpoint folder or file")
+    from dustin_runtime import hub
+
+    repo, folder = hub.resolve(spec)  # a short hub id (e.g. Qwen2.5-72B) in the local cache
+    return Checkpoint("hf", folder, repo)
 
 
 def _random_checkpoint(spec: str) -> Checkpoint:
@@ -393,17 +398,24 @@ def convert_weights(
     def one(n: str, index: Index = None) -> Callable[[], torch.Tensor]:
         return lambda: get(fix(n), index)
 
+    def vocab_rows(n: str) -> Callable[[], torch.Tensor]:  # this rank's rows, zeros past the vocabulary
+        if tp is None:
+            return one(n)
+        start, stop = r * local.vocab_size, min((r + 1) * local.vocab_size, cfg.vocab_size)
+        part = one(n, (slice(start, stop),))
+        return lambda: torch.nn.functional.pad(part(), (0, 0, 0, local.vocab_size - (stop - start)))
+
     def cat(*parts: tuple[str, Index]) -> Callable[[], torch.Tensor]:
         return lambda: torch.cat([get(fix(n), index) for n, index in parts], dim=0)
 
-    H, G, inter, vocab = local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size
+    H, G, inter = local.num_heads, local.num_kv_heads, local.intermediate_size
     out: dict[str, Callable[[], torch.Tensor]] = {
-        "embed.weight": one("model.embed_tokens.weight", rows(vocab)),
+        "embed.weight": vocab_rows("model.embed_tokens.weight"),
         "norm.weight": one("model.norm.weight"),
     }
     if not cfg.tie_word_embeddings:
         head = "lm_head.weight" if "lm_head.weight" in names else "model.embed_tokens.weight"
-        out["lm_head.weight"] = one(head, rows(vocab))
+        out["lm_head.weight"] = vocab_rows(head)
     for i in range(cfg.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         out[f"layers.{i}.attn_norm.weight"] = one(p + "input_layernorm.weight")

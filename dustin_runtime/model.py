@@ -172,6 +172,7 @@ class Transformer(nn.Module):
         self.cfg, self.tp = cfg, tp
         self.shard = local = shard_config(cfg, tp)
         self.vocab_start = 0 if tp is None else tp.rank * local.vocab_size
+        self.vocab_rows = min(local.vocab_size, cfg.vocab_size - self.vocab_start)  # the rest: padding
         # given its (uninitialised) weight: Embedding's own normal_ init imports torch._dynamo (~1.5 s of start-up)
         self.embed = nn.Embedding(local.vocab_size, cfg.hidden_size, _weight=torch.empty(local.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(local, tp) for _ in range(cfg.num_layers))
@@ -219,7 +220,10 @@ class Transformer(nn.Module):
         """LM head of normed hidden states h [..., d] -> float32 logits [..., V] (this rank's columns);
         with a vocabulary subset, -inf outside it."""
         if self.head_ids is None:
-            return self.lm_head(h).float()
+            out = self.lm_head(h).float()
+            if self.vocab_rows < self.shard.vocab_size:  # padded rows of the last rank's share: never chosen
+                out[..., self.vocab_rows:] = float("-inf")
+            return out
         sub = F.linear(h, self.head_w).float()  # [..., V']
         out = torch.full((*sub.shape[:-1], self.shard.vocab_size), float("-inf"), dtype=torch.float32,
                          device=sub.device)
@@ -262,11 +266,12 @@ class Transformer(nn.Module):
         return self.tp.all_reduce_(torch.where(mine.unsqueeze(-1), x, 0))
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """This rank's logits columns [..., V/P] -> the whole vocabulary's [..., V] (all-gather)."""
+        """This rank's logits columns [..., V'/P] -> the whole vocabulary's [..., V] (all-gather;
+        the padding past V dropped)."""
         if self.tp is None:
             return logits
-        parts = self.tp.all_gather(logits)  # [P, ..., V/P]
-        return parts.movedim(0, -2).reshape(*logits.shape[:-1], -1)
+        parts = self.tp.all_gather(logits)  # [P, ..., V'/P]
+        return parts.movedim(0, -2).reshape(*logits.shape[:-1], -1)[..., : self.cfg.vocab_size]
 
     def forward(
         self,

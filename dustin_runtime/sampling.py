@@ -62,8 +62,9 @@ class VocabShard:
                             dtype=torch.long)
 
     def gather(self, x: torch.Tensor, fill: float) -> torch.Tensor:
-        """Every rank's columns [..., width] -> the whole [..., limit] (all-gather; `fill` pads)."""
-        pad = torch.nn.functional.pad(x, (0, self.size - self.width), value=fill)
+        """Every rank's columns [..., width] (or all its [..., size]) -> the whole [..., limit]
+        (all-gather; `fill` pads)."""
+        pad = torch.nn.functional.pad(x[..., : self.width], (0, self.size - self.width), value=fill)
         return self.tp.all_gather(pad).movedim(0, -2).reshape(*x.shape[:-1], -1)[..., : self.limit]
 
 

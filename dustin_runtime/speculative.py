@@ -27,6 +27,7 @@ import torch
 from dustin_runtime.attention import AttentionBackend, default_backend
 from dustin_runtime.engine import Engine, default_engine
 from dustin_runtime.errors import DustinError
+from dustin_runtime.exact import ExactConfig, ExactLoop
 from dustin_runtime.generate import (
     PREFILL_CHUNK,
     Bookkeeper,
@@ -61,6 +62,7 @@ class SpecHooks:
     is replaced by the cached one, whose buffers the graphs hold, after its `reset()`."""
 
     name = "full"
+    exact = ExactConfig()  # the policy's exact mode (a policy name with the -x suffix: `exact.split_exact`)
     selects = False  # `before_verify` does work (a selection phase between drafting and verification)
 
     def key(self) -> tuple | None:
@@ -99,6 +101,10 @@ class SpecHooks:
 
     def after_verify(self, accepted: torch.Tensor, advance: torch.Tensor) -> None:
         """Called after acceptance with n [B] and the committed advance [B] (0 for finished ones)."""
+
+    def rolled_back(self, lengths: torch.Tensor) -> None:
+        """Exact mode's confirmation pass cut the target cache back to lengths [B] (rows past them
+        are gone: a policy drops what it keeps of them). Inside a phase (no host sync)."""
 
     def shadow_backend(self, default: AttentionBackend) -> AttentionBackend | None:
         """A second draft backend whose drafts of each step the policy wants to see beside the real
@@ -148,6 +154,8 @@ def speculative_generate(
     cuda_graphs: bool | None = None,
     engine: Engine | None = None,
     lookup: LookupConfig | None = None,
+    exact: ExactConfig = ExactConfig(),
+    exact_replay: torch.Tensor | None = None,
 ) -> GenerationResult:
     """Speculative decoding of a batch of prompts of any lengths with ragged acceptance (EOS ids
     are forbidden before `min_new_tokens` new tokens, in the draft and the target alike).
@@ -157,10 +165,16 @@ def speculative_generate(
     from there, exactly as if it had started from zero. `prefilled` = rows (an int): the engine's
     own caches (`engine.caches`) already hold them. `replay` overrides the accept decision.
     `lookup`: draft tokens copied from each sequence's history where it repeats (`dustin_runtime.lookup`).
+    `exact`: greedy exact mode, a full-attention confirmation pass every K steps (`dustin_runtime.exact`);
+    `exact_replay` [passes, B] forces how many provisional tokens each pass confirms (bench e2e).
     On CUDA the phases run as CUDA graphs unless `cuda_graphs` is False or the policy is not
     cacheable (side measurements, traces); `engine` defaults to the model pair's."""
     if gamma < 1:
         raise DustinError("gamma must be >= 1")
+    hooks = hooks or SpecHooks()
+    exact = exact if exact.on else hooks.exact
+    if exact.on and not sampling.greedy:
+        raise DustinError("--exact needs greedy decoding (temperature 0)")
     if target.device != draft.device:
         raise DustinError("target and draft must be on the same device")
     max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
@@ -172,7 +186,6 @@ def speculative_generate(
         if isinstance(prefilled, tuple):
             raise DustinError(f"a batch of {asked} prefilled sequences does not divide over --tp {tp.world}")
         prompts, max_new = prompts + [prompts[-1][-1:]] * pad, max_new + [0] * pad
-    hooks = hooks or SpecHooks()
     device, B, V = target.device, len(prompts), _common_vocab(target, draft)
     pkey = hooks.key()
     graphs = use_graphs(cuda_graphs, device, pkey is not None)
@@ -180,21 +193,24 @@ def speculative_generate(
         engine = default_engine(target, draft) if graphs else Engine(target, draft)
     timer = PhaseTimer(device)
     t0 = time.perf_counter()
-    tcache, dcache = engine.caches(B, cache_capacity(prompts, max_new, gamma), draft=True)
+    tcache, dcache = engine.caches(B, cache_capacity(prompts, max_new, gamma) + exact.rows(gamma), draft=True)
     if lookup is not None and tp is not None:
         raise DustinError("--draft-lookup runs in one process (not under --tp)")
     key = None if pkey is None else ("spec", B, tcache.max_len, gamma, sampling, min_new_tokens,
-                                     tuple(sorted(set(eos_ids))), replay is not None, lookup, pkey)
+                                     tuple(sorted(set(eos_ids))), replay is not None, lookup, pkey,
+                                     exact, exact_replay is not None)
 
     def build(st):
         st.objs["hooks"] = hooks
         st.objs["loop"] = _SpecLoop(target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new_tokens,
-                                    st.generator, V, replay is not None, lookup)
+                                    st.generator, V, replay is not None, lookup, exact, exact_replay is not None)
         loop = st.objs["loop"]
         book = loop.book
         st.mutable = [tcache.lengths, dcache.lengths, loop.cur, loop.prev, book.produced, book.done, book.step]
         if loop.lookup is not None:
             st.mutable += [loop.lookup.hist, loop.lookup.ptr, loop.lookup.counts]
+        if loop.exact is not None:
+            st.mutable += loop.exact.mutable
 
     st = engine.state(key, build, graphs=graphs, sampled=not sampling.greedy)
     hooks, loop = st.objs["hooks"], st.objs["loop"]
@@ -222,12 +238,25 @@ def speculative_generate(
         hooks.after_prefill()
     loop.cur.copy_(torch.tensor([p[-1] for p in prompts]))
     loop.prev.copy_(torch.tensor([p[-2] if len(p) > 1 else p[-1] for p in prompts]))
-    steps, t_steps = 0, start_steps(device)
-    while not loop.book.all_done():
-        for phase, fn in loop.phases.items():
-            with timer.phase("other" if phase == "accept" else phase):
-                st.graphs.run(phase, fn)
-        steps += 1
+    if loop.exact is not None:
+        loop.exact.load(prompts, tcache.lengths)
+        if exact_replay is not None:
+            loop.exact.load_replay(exact_replay)
+    steps, since, t_steps = 0, 0, start_steps(device)
+    while True:
+        if loop.book.all_done():
+            if not since:  # exact mode: nothing provisional left (or exact mode off)
+                break
+            since = exact.k  # every sequence stopped inside the block: confirm now
+        elif since < exact.k or not exact.on:
+            for phase, fn in loop.phases.items():
+                with timer.phase("other" if phase == "accept" else phase):
+                    st.graphs.run(phase, fn)
+            steps, since = steps + 1, since + exact.on
+        if exact.on and since >= exact.k:
+            with timer.phase("confirm"):
+                st.graphs.run("confirm", loop.exact.confirm_phase)
+            loop.exact.passes, since = loop.exact.passes + 1, 0
     seconds = {"steps": time.perf_counter() - t_steps}
     tokens, reasons = loop.book.results(max_new)
     seconds.update(timer.totals())
@@ -235,6 +264,8 @@ def speculative_generate(
     extra = {k: v[:asked] if k.endswith(PER_SEQUENCE) else v for k, v in hooks.summary().items()}
     if loop.lookup is not None:
         extra.update(loop.lookup.summary())
+    if loop.exact is not None:
+        extra.update(loop.exact.summary(asked))
     stats = DecodeStats(
         mode="speculative",
         batch=asked,
@@ -258,7 +289,8 @@ class _SpecLoop:
     its vocabulary columns (`shard`)."""
 
     def __init__(self, target, draft, tcache, dcache, hooks, gamma, sampling, eos_ids, min_new, generator, V,
-                 replayed: bool, lookup: LookupConfig | None = None):
+                 replayed: bool, lookup: LookupConfig | None = None, exact: ExactConfig = ExactConfig(),
+                 exact_replayed: bool = False):
         device, B = target.device, tcache.batch
         self.target, self.draft, self.tcache, self.dcache, self.hooks = target, draft, tcache, dcache, hooks
         self.gamma, self.sampling, self.gen, self.V = gamma, sampling, generator, V
@@ -273,11 +305,13 @@ class _SpecLoop:
         if self.shadow is not None and (not sampling.greedy or self.tp is not None):
             raise DustinError("paired drafting (a shadow draft beside the real one) needs greedy decoding in one "
                               "process")
-        self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new)
+        steps = tcache.max_len * max(exact.k, 1) + exact.k  # exact mode: a pass confirms one token at least
+        self.book = Bookkeeper(B, tcache.max_len, gamma + 1, eos_ids, device, min_new, steps=steps)
         self.cur = torch.zeros(B, dtype=torch.long, device=device)  # [B] the last committed token
         self.prev = torch.zeros(B, dtype=torch.long, device=device)  # [B] the token before it (cur at length 0)
-        self.replay = torch.zeros(tcache.max_len + 1, B, dtype=torch.long, device=device) if replayed else None
+        self.replay = torch.zeros(steps + 1, B, dtype=torch.long, device=device) if replayed else None
         self.lookup = None if lookup is None else ContextLookup(lookup, B, tcache.max_len + gamma + 2, device)
+        self.exact = ExactLoop(exact, self, base, device, exact_replayed) if exact.on else None
         self.step: dict[str, torch.Tensor] = {}  # values passed between the phases of one step
         self.phases = {"draft": self.draft_phase, "select": hooks.before_verify, "verify": self.verify_phase,
                        "accept": self.accept_phase}
@@ -353,6 +387,8 @@ class _SpecLoop:
         emitted = torch.cat([d, torch.zeros_like(nxt).view(-1, 1)], dim=1)
         emitted.scatter_(1, n.view(-1, 1), nxt.view(-1, 1))  # [B, gamma + 1]
         advance = self.book.emit(emitted, n + 1)
+        if self.exact is not None:  # provisional until a confirmation pass
+            self.exact.record(emitted, n, advance, self.tcache.lengths)
         self.tcache.advance(advance.to(torch.int32))
         self.dcache.set_lengths(self.tcache.lengths[self.rows])
         live = advance > 0

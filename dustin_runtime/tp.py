@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
+from dustin_runtime.launch import launch, launch_rank, launched, rendezvous  # noqa: F401 (launch_rank, launched: callers')
 from dustin_runtime.sparse.config import Head
 
 if TYPE_CHECKING:  # torch loads with the first tensor-parallel call, not with the CLI
     import torch
-
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
 
 
 @dataclass(eq=False)
@@ -105,19 +104,29 @@ def _gather_into(out: torch.Tensor, t: torch.Tensor, group) -> None:
 
 
 def shard_config(cfg: ModelConfig, tp: TensorParallel | None) -> ModelConfig:
-    """The shapes one rank holds: heads, KV heads, MLP width and vocabulary divided by the world
-    size. Refuses, in one line, a world size that does not divide them."""
+    """The shapes one rank holds: heads, KV heads and MLP width divided by the world size, and the
+    vocabulary padded to a multiple of it (ceil(V / P) rows each; the last rank's rows past V are
+    zeros whose logits are -inf, never chosen or sampled, as vLLM pads). Refuses, in one line, a
+    world size that does not divide the heads or the MLP, or leaves a rank no vocabulary row."""
     if tp is None:
         return cfg
     P = tp.world
     if cfg.num_kv_heads % P:
         raise DustinError(f"--tp {P} does not divide the {cfg.num_kv_heads} KV heads of {cfg.name or cfg.arch} "
                           f"(attention is split by KV heads): use a --tp that divides {cfg.num_kv_heads}")
-    for what, n in (("MLP width (intermediate_size)", cfg.intermediate_size), ("vocabulary", cfg.vocab_size)):
-        if n % P:
-            raise DustinError(f"--tp {P} does not divide the {what} {n} of {cfg.name or cfg.arch}")
+    if cfg.intermediate_size % P:
+        raise DustinError(f"--tp {P} does not divide the MLP width (intermediate_size) {cfg.intermediate_size} "
+                          f"of {cfg.name or cfg.arch}")
+    per = padded_vocab(cfg.vocab_size, P) // P
+    if (P - 1) * per >= cfg.vocab_size:
+        raise DustinError(f"--tp {P} leaves a rank no row of the vocabulary of {cfg.vocab_size}: use a smaller --tp")
     return replace(cfg, num_heads=cfg.num_heads // P, num_kv_heads=cfg.num_kv_heads // P,
-                   intermediate_size=cfg.intermediate_size // P, vocab_size=cfg.vocab_size // P)
+                   intermediate_size=cfg.intermediate_size // P, vocab_size=per)
+
+
+def padded_vocab(vocab: int, world: int) -> int:
+    """The vocabulary rounded up to a multiple of the world size (the rows every rank's share covers)."""
+    return -(-vocab // world) * world
 
 
 def local_heads(heads: tuple[Head, ...], tp: TensorParallel | None, cfg: ModelConfig,
@@ -131,16 +140,6 @@ def local_heads(heads: tuple[Head, ...], tp: TensorParallel | None, cfg: ModelCo
     g0 = r * per
     return tuple((layer, g - g0, tuple(h - g0 * cfg.n_rep for h in qh)) for layer, g, qh in heads
                  if g0 <= g < g0 + per)
-
-
-def launched() -> bool:
-    """Whether this process was started by torchrun (or a launcher setting the same variables)."""
-    return all(v in os.environ for v in LAUNCH_VARS)
-
-
-def launch_rank() -> int:
-    """This process's rank under a launcher (0 without one): only rank 0 prints and writes."""
-    return int(os.environ.get("RANK", "0")) if launched() else 0
 
 
 def check_gpus(world: int, local_world: int, visible: int) -> None:
@@ -157,12 +156,13 @@ def start(tp: int | None, device: str) -> TensorParallel | None:
     and a larger `--tp` is refused with the command to run."""
     if tp is not None and tp < 1:
         raise DustinError(f"--tp must be >= 1, got {tp}")
-    if not launched():
+    at = launch()
+    if at is None:
         if tp is not None and tp > 1:
             raise DustinError(f"--tp {tp} runs one process per GPU: start it with "
                               f"`torchrun --nproc-per-node {tp} -m dustin.cli ... --tp {tp}`")
         return None
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    world, rank = at.world, at.rank
     if tp is not None and tp != world:
         raise DustinError(f"--tp {tp}, but the launcher started {world} process{'es' if world != 1 else ''} "
                           f"(WORLD_SIZE={world}): give --nproc-per-node {tp}")
@@ -171,15 +171,14 @@ def start(tp: int | None, device: str) -> TensorParallel | None:
 
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        check_gpus(world, local_world, torch.cuda.device_count())
+        check_gpus(world, at.local_world, torch.cuda.device_count())
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # no NVLink SHARP / multicast objects
-        local = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        local = torch.device("cuda", at.local_rank)
         torch.cuda.set_device(local)
         if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=local)
+            dist.init_process_group("nccl", device_id=local, store=rendezvous(at), rank=rank, world_size=world)
     elif not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", store=rendezvous(at), rank=rank, world_size=world)
     return TensorParallel(rank, world, None)
 
 

@@ -34,6 +34,7 @@ import torch
 
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
+from dustin_runtime.exact import SUFFIX, split_exact
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops, kernels
@@ -176,6 +177,11 @@ class DraftSet:
         self.idx[:, : self.S].copy_(indices)
         self.set_lens.copy_(lens)
 
+    def cut(self, lens: torch.Tensor) -> None:
+        """Drop the set's rows at or past lens [B] (a rollback; its rows since L0 follow the lengths)."""
+        self.idx[:, : self.S].masked_fill_(self.idx[:, : self.S] >= lens.view(-1, 1), -1)
+        torch.minimum(self.set_lens, lens, out=self.set_lens)
+
     def drafted(self, start: torch.Tensor, lens: torch.Tensor) -> None:
         """Before a draft forward at rows start [B] of a step at context lengths lens [B]."""
         W, g = self.W, self.gamma
@@ -273,6 +279,11 @@ class SparsePolicy(Policy):
 
     def drafted(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens
+
+    def rolled_back(self, lengths: torch.Tensor) -> None:
+        """The draft set keeps no row past the new lengths (exact mode's confirmation pass)."""
+        if self.draft_set is not None:
+            self.draft_set.cut(lengths[self.rows])
 
     def shadow_backend(self, default: AttentionBackend) -> AttentionBackend | None:
         """Paired drafting: with `paired` and sparse drafting, each step is also drafted over the
@@ -511,6 +522,11 @@ class SignalPolicy(SparsePolicy):
         self.holding = False
         self.join()
 
+    def rolled_back(self, lengths):
+        super().rolled_back(lengths)
+        if self.hist_lens is not None:  # the deferred history scores the kept rows only
+            torch.minimum(self.hist_lens, lengths, out=self.hist_lens)
+
     def join(self):
         if self.forked and not self.holding:
             torch.cuda.current_stream(self.side.device).wait_stream(self.side)
@@ -617,10 +633,13 @@ POLICY_CLASSES: dict[str, type[Policy]] = {c.name: c for c in (
 
 
 def policy_class(name: str) -> type[Policy]:
-    """The class of a policy name (its traits), or one clear error naming the known ones."""
-    if name not in POLICY_CLASSES:
-        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CLASSES)}")
-    return POLICY_CLASSES[name]
+    """The class of a policy name (its traits; with the -x suffix, the plain policy's: exact mode is
+    a way to run it), or one clear error naming the known ones."""
+    base = split_exact(name)[0]
+    if base not in POLICY_CLASSES:
+        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CLASSES)} (each with "
+                          f"{SUFFIX} for exact mode)")
+    return POLICY_CLASSES[base]
 
 
 def make_policy(
@@ -637,12 +656,17 @@ def make_policy(
     window and, for dustin, the retrieval heads and m (a profile, or `SparseConfig.all_heads`);
     draft-only / target-only use every KV head of their model; `full` needs no config.
     `measure_arr` adds ARR to the run's stats; `paired` adds what full verification accepts on the
-    same drafts (greedy; one more full target pass per step)."""
+    same drafts (greedy; one more full target pass per step). A name with the -x suffix runs the
+    policy in exact mode (`dustin_runtime.exact`: its output is the target's greedy output)."""
     cls = policy_class(name)
     if not cls.budgeted:
         if cfg is not None and cfg.draft_kv != "full":
             raise DustinError("full verification has no verification set to draft over: use --draft-kv full")
-        return cls(measure_arr, paired)
-    if cfg is None:
+        hooks = cls(measure_arr, paired)
+    elif cfg is None:
         raise DustinError(f"policy {name} needs a budget (--budget)")
-    return cls(cfg, target, draft, measure_arr=measure_arr, paired=paired, ops=ops)
+    else:
+        hooks = cls(cfg, target, draft, measure_arr=measure_arr, paired=paired, ops=ops)
+    if name != cls.name:
+        hooks.name, hooks.exact = name, split_exact(name)[1]
+    return hooks

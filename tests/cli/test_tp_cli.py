@@ -102,3 +102,41 @@ def test_eval_under_the_launcher_writes_once_and_resumes(pair, tp_run, gutenberg
     assert sorted(p.name for p in out.iterdir()) == [".dustin.lock", "tp.json", "tp.key.json", "tp.md", "tp.runs.jsonl"]
     args[args.index("--max-new-tokens") + 1] = "5"
     _one_line_on_rank0(tp_run.cli(2, *args), "other settings")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launcher(**over) -> dict:
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "DUSTIN_RENDEZVOUS_TIMEOUT": "2"}
+    return {**env, **over}
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer >= 1"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),
+    ({"RANK": "x"}, "RANK='x' is not an integer >= 0"),
+    ({"RANK": "-1"}, "RANK='-1'"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"LOCAL_RANK": "a"}, "LOCAL_RANK='a'"),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2"}, "LOCAL_RANK=1 / LOCAL_WORLD_SIZE=1"),
+    ({"MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a port"),
+    ({"MASTER_ADDR": " "}, "MASTER_ADDR is empty"),
+    ({"WORLD_SIZE": "2", "DUSTIN_RENDEZVOUS_TIMEOUT": "soon"}, "DUSTIN_RENDEZVOUS_TIMEOUT='soon'"),
+    ({"WORLD_SIZE": "2"}, "rank 1 of WORLD_SIZE=2 did not join within 2 s"),  # one process for a world of 2
+    ({"WORLD_SIZE": "3", "RANK": "1"}, "rank 1 cannot reach rank 0 at 127.0.0.1:"),  # rank 0 never started
+])
+def test_launcher_variables_checked_before_and_during_the_rendezvous(pair, cli, assert_one_line_error, over, needle):
+    import time
+
+    t0 = time.monotonic()
+    p = cli(*_decode(pair), env=_launcher(**over), timeout=60)
+    assert_one_line_error(p, needle, code=2)
+    assert time.monotonic() - t0 < 30  # seconds, not the 30-minute default wait

@@ -138,3 +138,14 @@ def test_tp_teacher_forced_equals_one_process(tp_run, models):
     assert ref[2] is not None
     for nll, tokens, arr in tp_run.case("teacher_forced", 2, **kw):
         assert tokens == ref[1] and nll == pytest.approx(ref[0], rel=1e-5) and arr == pytest.approx(ref[2], abs=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["dustin", "streamingllm"])
+def test_tp_exact_mode_equals_one_process_and_greedy(tp_run, models, policy):
+    """Exact mode at 2 ranks: the tokens and agreement of one process, which are greedy decoding's."""
+    kw = dict(target=models["llama3"], draft=models["draft"], prompts=PROMPTS, policy=policy, max_new=12, exact=3,
+              **(DUSTIN if policy == "dustin" else dict(budget=8)))
+    ref = tp_run.one("spec", **kw)
+    assert ref["tokens"] == tp_run.one("autoregressive", target=models["llama3"], prompts=PROMPTS, max_new=12)
+    for out in tp_run.case("spec", 2, **kw):
+        assert out["tokens"] == ref["tokens"] and out["agreement"] == ref["agreement"]

@@ -6,6 +6,7 @@ plain values and CPU tensors. Retrieval heads arrive as lists (JSON) and become 
 import torch
 
 from dustin_runtime.attention import TorchAttention
+from dustin_runtime.exact import ExactConfig
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import load_model
 from dustin_runtime.sampling import SamplingConfig
@@ -40,8 +41,9 @@ def logits(tp, target: str, prompts: list[list[int]]) -> dict:
 def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "full", budget: int | None = None,
          target_heads=None, draft_heads=None, m: int = 0, temperature: float = 0.0, top_p: float = 1.0,
          gamma: int = 3, max_new: int = 10, measure_arr: bool = False, trace: bool = False, seed: int = 0,
-         eos: tuple = (), draft_kv: str = "full", refresh_layers=()) -> dict:
-    """Speculative decoding through one policy: tokens, accepted counts, the sets chosen, ARR."""
+         eos: tuple = (), draft_kv: str = "full", refresh_layers=(), exact: int = 0) -> dict:
+    """Speculative decoding through one policy (in exact mode with `exact` = K): tokens, accepted
+    counts, the sets chosen, ARR, exact mode's agreement."""
     t, _ = load_model(target, tp=tp)
     d, _ = load_model(draft)
     cfg = None
@@ -52,10 +54,11 @@ def spec(tp, target: str, draft: str, prompts: list[list[int]], policy: str = "f
     if trace:
         hooks.trace = []
     res = speculative_generate(t, d, prompts, max_new, gamma=gamma, hooks=hooks, seed=seed, eos_ids=tuple(eos),
-                               sampling=SamplingConfig(temperature=temperature, top_p=top_p))
+                               sampling=SamplingConfig(temperature=temperature, top_p=top_p),
+                               exact=ExactConfig(exact))
     sets = [(layer, lens.tolist(), idx.tolist()) for layer, lens, idx in (getattr(hooks, "trace", None) or [])]
     return {"tokens": res.tokens, "accepted": res.stats.accepted, "sets": sets, "arr": res.stats.extra.get("arr"),
-            "batch": res.stats.batch}
+            "batch": res.stats.batch, "agreement": res.stats.extra.get("agreement")}
 
 
 @torch.inference_mode()
