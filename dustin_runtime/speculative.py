@@ -26,7 +26,7 @@ import torch
 
 from dustin_runtime.attention import AttentionBackend, default_backend
 from dustin_runtime.engine import Engine, default_engine
-from dustin_runtime.errors import DustinError
+from dustin_runtime.errors import MAX_GAMMA, DustinError
 from dustin_runtime.exact import ExactConfig, ExactLoop
 from dustin_runtime.generate import (
     PREFILL_CHUNK,
@@ -135,6 +135,16 @@ class AcceptReplay:
 
 
 @torch.inference_mode()
+def check_gamma(gamma: int, prompts: list[list[int]], limit: int) -> None:
+    """Refuse a gamma above MAX_GAMMA or above the positions the models have left after a prompt."""
+    if gamma > MAX_GAMMA:
+        raise DustinError(f"--gamma {gamma} is above {MAX_GAMMA} draft tokens per step")
+    longest = max(len(p) for p in prompts)
+    if gamma > limit - longest:
+        raise DustinError(f"--gamma {gamma} drafts past the models' {limit} positions: a prompt of {longest} tokens "
+                          f"leaves {limit - longest}")
+
+
 def speculative_generate(
     target: Transformer,
     draft: Transformer,
@@ -177,6 +187,7 @@ def speculative_generate(
     max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     check_prompts(prompts, max_new, target, extra=gamma + 1)
     check_prompts(prompts, max_new, draft, extra=gamma + 1)
+    check_gamma(gamma, prompts, min(target.cfg.max_position_embeddings, draft.cfg.max_position_embeddings))
     tp, asked = target.tp, len(prompts)
     pad = 0 if tp is None else -asked % tp.world
     if pad:  # the draft splits the batch over ranks
