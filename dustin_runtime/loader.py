@@ -1,6 +1,6 @@
 """Load a `Transformer` from a Hugging Face folder (config.json + safetensors, sharded or not), a
 GGUF file (dequantised through transformers' GGUF reader), a hub id already in the local Hugging
-Face cache (offline only), the embedded SmolLM2 GGUF (`smollm2`), or random weights at a preset
+Face cache (offline only; also by its short name, `Qwen2.5-72B`: `dustin_runtime.hub`), the embedded SmolLM2 GGUF (`smollm2`), or random weights at a preset
 shape (`random:<preset>`, e.g. `random:qwen2.5-7b`: the preset's config, N(0, 0.02) weights and its
 family's tokenizer from ../shared/tokenizers, so commands run at a published shape without its
 weights).
@@ -132,7 +132,12 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
                 "(downloads are off; pass a local folder)"
             ) from None
         return Checkpoint("hf", Path(folder), spec)
-    raise DustinError(f"{spec}: no such checkpoint folder or file")
+    if os.sep in spec or spec.startswith((".", "~")):
+        raise DustinError(f"{spec}: no such checkpoint folder or file")
+    from dustin_runtime import hub
+
+    repo, folder = hub.resolve(spec)  # a short hub id (e.g. Qwen2.5-72B) in the local cache
+    return Checkpoint("hf", folder, repo)
 
 
 def _random_checkpoint(spec: str) -> Checkpoint:

@@ -27,7 +27,8 @@ PGR=${PGR:-results/fidelity-pg19}  # dustin with the profile's refresh layers (a
 ACO=${ACO:-results/acceptance-retention}
 ACP=${ACP:-results/acceptance-lookup}
 ACB=${ACB:-results/acceptance-sparse-drafting}
-STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books"
+ACX=${ACX:-results/acceptance-exact}
+STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books acceptance-exact"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -83,5 +84,11 @@ if want_only acceptance-lookup; then
     --out $ACP/smollm2-draft-lookup4-2
   run $PY -m dustin.cli eval acceptance $lk --policy full --draft-lookup 4:1 --no-paired --no-arr \
     --out $ACP/smollm2-draft-lookup4-1
+fi
+if want_only acceptance-exact; then  # exact mode: its output (prefix vs full = 1) and the agreement bench e2e replays
+  echo "== acceptance-exact"
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 16 \
+    --max-new-tokens 256 --budget 512,1024,2048,4096 --policy full,dustin,dustin-x --draft-kv verify-set \
+    --profile $P1 $refresh --no-paired --no-arr --out $ACX/smollm2-draft-verify-set
 fi
 exit $status
