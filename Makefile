@@ -85,7 +85,7 @@ bench-attention: .stamp-install
 .PHONY: repro-acceptance
 repro-acceptance: .stamp-install
 	OMP_NUM_THREADS=1 $(PY) -m dustin.cli eval acceptance --target smollm2 --draft models/smollm2-draft \
-		--profile profiles/smollm2-draft.json --contexts 4096,8192 --windows 4 --max-new-tokens 64 \
+		--profile profiles/smollm2-draft.json --contexts 4096,8128 --windows 4 --max-new-tokens 64 \
 		--budget 128,256,512,1024 --out runs/acceptance/smollm2-draft
 
 # The draft's vocabulary-subset head (FR-Spec): token counts of the Gutenberg train split

@@ -15,7 +15,7 @@ import typer
 
 from dustin import render
 from dustin.render import console, err_console
-from dustin_runtime.errors import MAX_COUNT, MAX_TOKENS, DustinError
+from dustin_runtime.errors import MAX_COUNT, MAX_GAMMA, MAX_TOKENS, DustinError
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = Path("runs")  # git-ignored: every default output goes below it
@@ -67,7 +67,7 @@ DraftVocab = Annotated[str | None, typer.Option("--draft-vocab", help="The draft
                                                "tokens (FR-Spec): PATH:K of a `dustin profile vocab` file.")]
 DraftLookup = Annotated[str | None, typer.Option("--draft-lookup", help="Drafts copied from each sequence's history "
                                                 "where it repeats: MAX or MAX:MIN n-gram lengths (exact; off).")]
-Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT, help="Draft tokens per step (gamma + 1 verification queries).")]
+Gamma = Annotated[int, typer.Option(min=1, max=MAX_GAMMA, help="Draft tokens per step (gamma + 1 verification queries).")]
 NewTokens = Annotated[int, typer.Option(min=1, max=MAX_TOKENS, help="New tokens per sequence.")]
 Contexts = Annotated[str, typer.Option("--contexts", help="Prompt lengths in tokens, comma-separated.")]
 Dtype = Annotated[str, typer.Option(help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU; the device: CUDA "

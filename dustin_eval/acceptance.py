@@ -78,8 +78,13 @@ class AcceptanceConfig:
 
 
 def _prompt_len(context: int, cfg: AcceptanceConfig, target: LoadedModel, draft: LoadedModel) -> int:
+    """The prompt length of a context: refused, as pg19 and passkey do, when the new tokens do not fit
+    after it (a silent cap would record the asked context for a shorter one)."""
     limit = min(target.model.cfg.max_position_embeddings, draft.model.cfg.max_position_embeddings)
-    return min(context, limit - cfg.max_new_tokens)
+    if context + cfg.max_new_tokens > limit:
+        raise DustinError(f"--contexts {context} + --max-new-tokens {cfg.max_new_tokens} exceed the models' {limit} "
+                          f"positions: the largest context is {limit - cfg.max_new_tokens}")
+    return context
 
 
 def resume_key(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], extra: Mapping | None = None) -> dict:
@@ -127,6 +132,8 @@ def run_acceptance(
     missing = [b for b in cfg.budgets if b not in configs]
     if missing:
         raise DustinError(f"no sparse config for budgets {missing}")
+    for context in cfg.contexts:  # refused before any work
+        _prompt_len(context, cfg, target, draft)
     runs_path = Path(runs_path)
     with FolderLock(runs_path.parent):
         key = resume_key(cfg, configs, {"target": target.model_id, "draft": draft.model_id,

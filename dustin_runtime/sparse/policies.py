@@ -522,6 +522,10 @@ class SignalPolicy(SparsePolicy):
         self.holding = False
         self.join()
 
+    def set_before_drafts(self):
+        c = self.cfg  # the lookahead attends this step's drafts; a refresh layer, their queries
+        return not (c.draft_heads and c.m > 0) and not c.refresh_layers
+
     def rolled_back(self, lengths):
         super().rolled_back(lengths)
         if self.hist_lens is not None:  # the deferred history scores the kept rows only
@@ -592,6 +596,9 @@ class QuestPolicy(SparsePolicy):
     one_set = False
     pages = True
 
+    def set_before_drafts(self):
+        return False  # the pages are ranked by this pass's queries, the drafts' included
+
     def after_prefill(self):
         for layer in range(self.target.cfg.num_layers):  # every page; the steps then update the last ones
             self.pages.refresh(layer, self.tcache.k[layer], self.tcache.lengths, full=True)
@@ -620,6 +627,9 @@ class OraclePolicy(SparsePolicy):
 
     name = "oracle"
     needs_true_attention = True
+
+    def set_before_drafts(self):
+        return False
 
     def select(self, lens):
         c, ctx = self.cfg, self.true.ctx
