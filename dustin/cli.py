@@ -15,7 +15,7 @@ import typer
 
 from dustin import render
 from dustin.render import console, err_console
-from dustin_runtime.errors import MAX_COUNT, MAX_TOKENS, DustinError
+from dustin_runtime.errors import MAX_COUNT, MAX_GAMMA, MAX_TOKENS, DustinError
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = Path("runs")  # git-ignored: every default output goes below it
@@ -67,7 +67,7 @@ DraftVocab = Annotated[str | None, typer.Option("--draft-vocab", help="The draft
                                                "tokens (FR-Spec): PATH:K of a `dustin profile vocab` file.")]
 DraftLookup = Annotated[str | None, typer.Option("--draft-lookup", help="Drafts copied from each sequence's history "
                                                 "where it repeats: MAX or MAX:MIN n-gram lengths (exact; off).")]
-Gamma = Annotated[int, typer.Option(min=1, max=MAX_COUNT, help="Draft tokens per step (gamma + 1 verification queries).")]
+Gamma = Annotated[int, typer.Option(min=1, max=MAX_GAMMA, help="Draft tokens per step (gamma + 1 verification queries).")]
 NewTokens = Annotated[int, typer.Option(min=1, max=MAX_TOKENS, help="New tokens per sequence.")]
 Contexts = Annotated[str, typer.Option("--contexts", help="Prompt lengths in tokens, comma-separated.")]
 Dtype = Annotated[str, typer.Option(help="bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU; the device: CUDA "
@@ -151,6 +151,8 @@ def decode(
     draft_vocab: DraftVocab = None,
     draft_lookup: DraftLookup = None,
     tp: TP = None,
+    exact: int = typer.Option(0, min=0, help="Exact mode: a full-attention pass confirms the sparse-verified tokens "
+                                             "every K steps; the output is the target's greedy one (0: off)."),
 ) -> None:
     """Decode prompts with the target, speculatively when a draft is given."""
     import json
@@ -162,13 +164,14 @@ def decode(
 
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     texts = pipeline.read_prompts(prompt, prompts, max_new_tokens)
-    policy, plan, lookup = plan_decode(policy, profile, budget, draft, draft_kv, refresh_layers, draft_lookup)
+    policy, plan, lookup, exact_mode = plan_decode(policy, profile, budget, draft, draft_kv, refresh_layers,
+                                                   draft_lookup, exact)
     group = _start_tp(tp, "auto")
     tgt, drf = _loaded(target, draft, "auto", group, draft_vocab)
     hooks = None if drf is None else make_policy(policy, plan.config(tgt, drf), target=tgt.model, draft=drf.model)
     with console.status("decoding", spinner="dots"):
         out = pipeline.decode(tgt, drf, texts, gamma=gamma, chat=chat, seed=seed, hooks=hooks, sampling=sampling,
-                              lookup=lookup)
+                              lookup=lookup, exact=exact_mode)
     render.decode(out)
     if json_out:
         print(json.dumps(out.record()))
@@ -422,13 +425,15 @@ def bench_e2e(
     gamma: Gamma = 4,
     policy: str | None = typer.Option(None, "--policy", help="ar (vanilla decoding), full (standard speculative "
                                       "decoding), dustin, streamingllm, quest; -vs: drafting over the verification "
-                                      "set; -r: dustin with --refresh-layers; comma-separated (default: ar, full, "
+                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 4; "
+                                      "comma-separated (default: ar, full, "
                                       "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). S = 512, sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "
                                       "target and 2 draft KV heads over 2 layers, m = 112."),
     refresh_layers: RefreshLayers = "",
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
-                                                         "`dustin decode --json` records."),
+                                                         "`dustin decode --json` records; the -x policies add "
+                                                         ":agree=P (per-token agreement of sparse and full)."),
     new_tokens: NewTokens = 64,
     alphas: str = typer.Option("0.5,0.6,0.7,0.8,0.9", help="Alpha sweep for the plot ('' to skip)."),
     draft_vocab: str | None = typer.Option(None, "--draft-vocab", help="The draft's LM head over a vocabulary subset "

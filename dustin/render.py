@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -168,10 +169,33 @@ def vocab(path, meta: dict, books: int) -> None:
 
 
 @contextmanager
-def progress(label: str, total: int):
-    """A progress bar of `total` units; yields the callback that advances it (one call a unit)."""
-    from rich.progress import Progress
+def progress(label: str, total: int | None, stream=None):
+    """A progress bar of `total` units (None: unknown); yields the callback that advances it (one call
+    a unit). Off a terminal (a log, a pipe), one line per finished unit on `stream` (stderr) instead,
+    with the elapsed time and, with a total, an estimate of the time left."""
+    if console.is_terminal:
+        from rich.progress import Progress
 
-    with Progress(console=console) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda *_: bar.advance(task)
+        with Progress(console=console) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda *_: bar.advance(task)
+        return
+    t0, done = time.perf_counter(), 0
+
+    def tick(*_):
+        nonlocal done
+        done += 1
+        spent = time.perf_counter() - t0
+        left = "" if not total else f", about {_duration(spent / done * max(total - done, 0))} left"
+        print(f"{label}: {done}{'' if not total else f'/{total}'} done, {_duration(spent)} elapsed{left}",
+              file=stream or sys.stderr, flush=True)
+
+    yield tick
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4 min 05 s, 2 h 03 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m = int(seconds) // 60
+    return f"{m} min {int(seconds) % 60:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"

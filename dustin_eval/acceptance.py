@@ -78,8 +78,13 @@ class AcceptanceConfig:
 
 
 def _prompt_len(context: int, cfg: AcceptanceConfig, target: LoadedModel, draft: LoadedModel) -> int:
+    """The prompt length of a context: refused, as pg19 and passkey do, when the new tokens do not fit
+    after it (a silent cap would record the asked context for a shorter one)."""
     limit = min(target.model.cfg.max_position_embeddings, draft.model.cfg.max_position_embeddings)
-    return min(context, limit - cfg.max_new_tokens)
+    if context + cfg.max_new_tokens > limit:
+        raise DustinError(f"--contexts {context} + --max-new-tokens {cfg.max_new_tokens} exceed the models' {limit} "
+                          f"positions: the largest context is {limit - cfg.max_new_tokens}")
+    return context
 
 
 def resume_key(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], extra: Mapping | None = None) -> dict:
@@ -127,6 +132,8 @@ def run_acceptance(
     missing = [b for b in cfg.budgets if b not in configs]
     if missing:
         raise DustinError(f"no sparse config for budgets {missing}")
+    for context in cfg.contexts:  # refused before any work
+        _prompt_len(context, cfg, target, draft)
     runs_path = Path(runs_path)
     with FolderLock(runs_path.parent):
         key = resume_key(cfg, configs, {"target": target.model_id, "draft": draft.model_id,
@@ -179,7 +186,7 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
                         "arr": s.extra.get("arr"), "arr_per_sequence": s.extra.get("arr_per_sequence"),
                         "full_tau": s.extra.get("full_tau"), "paired_retention": s.extra.get("paired_retention"),
                         "agree": s.extra.get("agree"), "draft_retention": s.extra.get("draft_retention"),
-                        "lookup_share": s.extra.get("lookup_share"),
+                        "lookup_share": s.extra.get("lookup_share"), "agreement": s.extra.get("agreement"),
                         "decode_s": s.decode_seconds, "seconds": s.seconds, "extra": s.extra, "tokens": res.tokens,
                     }
                     if scfg is not None and scfg.refresh_layers:
@@ -234,12 +241,18 @@ def intervals(r: dict, full: dict) -> dict:
         _, lo, hi = bootstrap(lambda a, n: (a * n).sum() / n.sum(), extra["arr_per_sequence"],
                               extra["arr_steps_per_sequence"])
         out["arr_ci"] = [lo, hi]
+    for kind in ("", "_draft", "_correction"):  # exact mode: the per-token agreement of sparse and full greedy
+        if extra.get(f"exact_checked{kind}_per_sequence") and sum(extra[f"exact_checked{kind}_per_sequence"]):
+            value, lo, hi = bootstrap(ratio_of_sums, extra[f"exact_matched{kind}_per_sequence"],
+                                      extra[f"exact_checked{kind}_per_sequence"])
+            out[f"agreement{kind}"], out[f"agreement{kind}_ci"] = value, [lo, hi]
     return out
 
 
 COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "tau_ci", "retention", "retention_ci", "paired_retention",
            "paired_retention_ci", "agree", "draft_retention", "draft_retention_ci", "arr", "arr_ci", "prefix",
-           "full_tau", "lookup_share", "steps")
+           "full_tau", "lookup_share", "agreement", "agreement_ci", "agreement_draft", "agreement_draft_ci",
+           "agreement_correction", "agreement_correction_ci", "steps")
 
 
 def table_rows(records: Sequence[dict]) -> list[dict]:
@@ -277,7 +290,11 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
                             lambda r: None if r.get("draft_retention") is None
                             else f"{r['draft_retention']:.1%}{_ci(r.get('draft_retention_ci'), '.1%')}"),
                            ("ARR [95% interval]", lambda r: None if r["arr"] is None
-                            else f"{r['arr']:.3f}{_ci(r.get('arr_ci'), '.3f')}")):
+                            else f"{r['arr']:.3f}{_ci(r.get('arr_ci'), '.3f')}"),
+                           ("exact mode: per-token agreement of sparse and full greedy [95% interval] "
+                            "(accepted drafts; correction tokens)", lambda r: None if r.get("agreement") is None
+                            else f"{r['agreement']:.3f}{_ci(r.get('agreement_ci'), '.3f')} "
+                                 f"({r.get('agreement_draft') or 0:.3f}; {r.get('agreement_correction') or 0:.3f})")):
             grid = []
             for policy in dict.fromkeys(r["policy"] for r in sub):
                 row = {"policy": policy}
@@ -305,7 +322,7 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
                  "copied from the sequence's own history where its last n-gram recurs, n from "
                  f"{cfg.lookup.max_ngram} down to {cfg.lookup.min_ngram}; lookup_share = the share of drafts copied).")
     refresh = sorted({tuple(c.refresh_layers) for c in configs.values() if c.refresh_layers})
-    if refresh and "dustin" in cfg.policies:
+    if refresh and any(policy_class(p).refreshes for p in cfg.policies):
         note += (f" dustin chooses the set again inside the verification pass at target layers "
                  f"{', '.join(map(str, refresh[0]))} (refresh layers); the other policies do not.")
     m = write_markdown(out_dir / f"{name}.md", "Acceptance per verification policy and budget",

@@ -6,7 +6,11 @@ with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive dec
 `streamingllm-vs` draft over the verification set (`--draft-kv verify-set`) instead of the draft's
 whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
 verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
-times dustin with and without refresh side by side. With preset shapes
+times dustin with and without refresh side by side; a name ending in `-x` (dustin-x, dustin-vs-x, ...)
+runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 4 steps;
+with random weights the tokens each pass confirms are replayed from `--acceptance SPEC:agree=P`,
+each provisional token agreeing with probability P once the earlier ones did; the record adds
+`confirm_pass_ms`, the pass's graph alone). With preset shapes
 (`--target qwen2.5-7b`) the models have random weights at the real shapes (timings do not depend
 on values; the position limit is raised to context + new tokens), the caches hold `context` random
 rows, and acceptance is replayed: random weights
@@ -41,6 +45,8 @@ import torch
 
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
+from dustin_runtime.exact import SUFFIX as EXACT
+from dustin_runtime.exact import split_exact
 from dustin_runtime.generate import cache_capacity, generate
 from dustin_runtime.io.files import atomic_path, atomic_write
 from dustin_runtime.sparse.config import SparseConfig
@@ -55,10 +61,14 @@ _SPARSE_DRAFTED = tuple(p + SPARSE_DRAFT for p in TIMED if policy_class(p).budge
 POLICIES = (AR, *TIMED, *_SPARSE_DRAFTED)  # the default: every timed policy, with sparse drafting where it can
 REFRESH_POLICIES = tuple(p + REFRESH for p in (*TIMED, *_SPARSE_DRAFTED)  # with --refresh-layers only
                          if policy_class(p.removesuffix(SPARSE_DRAFT)).refreshes)
+EXACT_POLICIES = tuple(p + EXACT for p in (*TIMED, *_SPARSE_DRAFTED, *REFRESH_POLICIES))  # exact mode (-x, last)
+AGREE = ":agree="  # --acceptance SPEC:agree=P: the -x policies' replayed per-token agreement (random weights)
 
 
 def split_policy(name: str) -> tuple[str, bool, bool]:
-    """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes)."""
+    """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes); the
+    exact-mode suffix (`EXACT`, last) is read by `split_exact`."""
+    name = split_exact(name)[0]
     refresh = name.endswith(REFRESH)
     name = name.removesuffix(REFRESH)
     sparse_draft = name.endswith(SPARSE_DRAFT)
@@ -105,7 +115,7 @@ class E2EConfig:
         return None if self.draft_lookup is None else LookupConfig.parse(self.draft_lookup)
 
     def check(self) -> None:
-        known = POLICIES + REFRESH_POLICIES
+        known = POLICIES + REFRESH_POLICIES + EXACT_POLICIES
         bad = [p for p in self.policies if p not in known]
         if bad:
             raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(known)}")
@@ -118,6 +128,10 @@ class E2EConfig:
             raise DustinError("--refresh-layers applies to the -r policies (dustin-r, dustin-vs-r), none of which "
                               "is among the policies")
         shape = preset_shape(self.target)
+        exact = [p for p in self.policies if split_exact(p)[1].on]
+        if exact and shape is not None and split_agreement(self.acceptance)[1] is None:
+            raise DustinError(f"policy {exact[0]} on random weights replays the sparse and full passes' agreement: "
+                              f"give it with the acceptance, e.g. --acceptance {self.acceptance}{AGREE}0.97")
         if self.draft_vocab is not None:
             from dustin_runtime.draft_vocab import parse_spec
 
@@ -187,8 +201,32 @@ def recorded_counts(path: Path, gamma: int, steps: int, batch: int) -> torch.Ten
     return out
 
 
+def split_agreement(spec: str) -> tuple[str, float | None]:
+    """An --acceptance spec -> (the acceptance part, the agreement P of a trailing `:agree=P` or None)."""
+    if AGREE not in spec:
+        return spec, None
+    head, _, value = spec.rpartition(AGREE)
+    try:
+        agree = float(value)
+    except ValueError:
+        agree = float("nan")
+    if not 0.0 <= agree <= 1.0:
+        raise DustinError(f"--acceptance {spec!r}: the agreement P of {AGREE}P must be a number in [0, 1]")
+    return head, agree
+
+
+def agreement_counts(spec: str, rows: int, passes: int, batch: int, seed: int) -> torch.Tensor | None:
+    """[passes, batch] tokens each confirmation pass confirms: every provisional token agrees with
+    probability P once the earlier ones did (the spec's `:agree=P`; None without it), truncated at the
+    pass's `rows`."""
+    agree = split_agreement(spec)[1]
+    return None if agree is None else geometric_counts(agree, rows, passes, batch, seed + 1)
+
+
 def replay_counts(spec: str, gamma: int, steps: int, batch: int, seed: int) -> torch.Tensor:
-    """The counts of an --acceptance spec: `geometric:ALPHA` or a JSONL path."""
+    """The counts of an --acceptance spec: `geometric:ALPHA` or a JSONL path (a trailing `:agree=P`
+    is the agreement's, `agreement_counts`)."""
+    spec = split_agreement(spec)[0]
     if spec.startswith("geometric:"):
         try:
             alpha = float(spec.split(":", 1)[1])
@@ -282,13 +320,15 @@ def sparse_config(cfg: E2EConfig, pair: Pair) -> SparseConfig:
 # ---------------------------------------------------------------- runs
 
 
-def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfig, counts: torch.Tensor | None):
+def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfig, counts: torch.Tensor | None,
+         agree: torch.Tensor | None = None):
     from dustin_runtime.sparse.policies import make_policy
 
     tail = cfg.gamma + 1
     if policy == AR:
         pre = cfg.context - 1 if pair.random else None
         return generate(pair.target, pair.prompts, cfg.new_tokens, eos_ids=pair.eos, engine=eng, prefilled=pre)
+    exact = split_exact(policy)[1]
     policy, sparse_draft, refresh = split_policy(policy)
     if sparse_draft:
         scfg = replace(scfg, draft_kv="verify-set")
@@ -298,7 +338,8 @@ def _run(pair: Pair, eng: Engine, policy: str, cfg: E2EConfig, scfg: SparseConfi
     pre = cfg.context - 1 - tail if pair.random else None
     return speculative_generate(pair.target, pair.draft, pair.prompts, cfg.new_tokens, gamma=cfg.gamma, hooks=hooks,
                                 eos_ids=pair.eos, engine=eng, prefilled=pre,
-                                replay=None if counts is None else AcceptReplay(counts), lookup=cfg.lookup())
+                                replay=None if counts is None else AcceptReplay(counts), lookup=cfg.lookup(),
+                                exact=exact, exact_replay=agree if exact.on and counts is not None else None)
 
 
 @torch.inference_mode()
@@ -334,6 +375,7 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     if policy == AR:
         target = w_t + B * L * kv_row_t
         return {"bytes": target, "ms": target / (copy_tbps * 1e12) * 1e3}
+    exact = split_exact(policy)[1]
     policy, sparse_draft, refresh = split_policy(policy)
     kd = t.head_dim  # key width the target's scorers read
     if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
@@ -351,6 +393,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
             target += len(cfg.refresh_layers) * B * L * (t.num_kv_heads // P) * kd * el
         if cls.pages:  # min and max key per page of 16, every layer and KV head
             target += B * -(-L // scfg.page_size) * 2 * t.num_layers * t.kv_size // P * el
+    if exact.on:  # a confirmation pass every K steps: the weights and every KV row of the context
+        target += (w_t + B * L * kv_row_t) / exact.k
     total = draft_step + target
     return {"bytes": total, "ms": total / (copy_tbps * 1e12) * 1e3, "draft_bytes": draft_step,
             "draft_ms": draft_step / (copy_tbps * 1e12) * 1e3}
@@ -359,7 +403,8 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
 def _record(policy: str, res, source: str, phases: dict[str, float], floor: dict) -> dict:
     s = res.stats
     steps = max(s.steps, 1)
-    per_phase = {k: v / steps * 1e3 for k, v in s.seconds.items() if k in ("draft", "select", "verify", "decode", "other")}
+    per_phase = {k: v / steps * 1e3 for k, v in s.seconds.items() if k in ("draft", "select", "verify", "decode", "other",
+                                                                                   "confirm")}
     graph_sum = sum(phases.values())
     return {
         "policy": policy,
@@ -372,6 +417,7 @@ def _record(policy: str, res, source: str, phases: dict[str, float], floor: dict
         "phase_ms": per_phase,
         "graph_phase_ms": phases,
         "graph_phase_sum_ms": graph_sum,
+        "confirm_pass_ms": phases.get("confirm"),  # exact mode: one confirmation pass (every K steps)
         "loop_over_graph_sum": s.ms_per_step / graph_sum if graph_sum else None,
         "byte_floor_ms": floor["ms"],
         "byte_floor_bytes": floor["bytes"],
@@ -401,17 +447,20 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
     eng = Engine(pair.target, pair.draft, graphs=True)
     max_steps = cfg.new_tokens + 1
     if pair.random:  # the caches hold `context` random rows; prefill runs only the last gamma + 1
-        tc, dc = eng.caches(cfg.batch, cache_capacity(pair.prompts, [cfg.new_tokens] * cfg.batch, cfg.gamma),
+        extra = max(split_exact(p)[1].rows(cfg.gamma) for p in cfg.policies)  # exact mode's pass
+        tc, dc = eng.caches(cfg.batch, cache_capacity(pair.prompts, [cfg.new_tokens] * cfg.batch, cfg.gamma) + extra,
                             draft=True)
         g = torch.Generator(device=pair.target.device).manual_seed(cfg.seed)
         for t in tc.k + tc.v + dc.k + dc.v:
             t.normal_(0.0, 1.0, generator=g)
     source = cfg.acceptance if pair.random else "model"
     counts = replay_counts(cfg.acceptance, cfg.gamma, max_steps, cfg.batch, cfg.seed) if pair.random else None
+    rows = max(split_exact(p)[1].rows(cfg.gamma) for p in cfg.policies)
+    agree = agreement_counts(cfg.acceptance, rows, max_steps, cfg.batch, cfg.seed) if pair.random and rows else None
     records = []
     for policy in cfg.policies:
         for _ in range(2):  # the first call captures the graphs, the second is timed
-            res = _run(pair, eng, policy, cfg, scfg, counts)
+            res = _run(pair, eng, policy, cfg, scfg, counts, agree)
         rec = _record(policy, res, AR if policy == AR else source, time_phases(eng, cfg.phase_reps),
                       byte_floor(pair, policy, cfg, scfg, copy))
         if tp is not None:
@@ -424,7 +473,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         for alpha in cfg.alphas:
             c = geometric_counts(alpha, cfg.gamma, max_steps, cfg.batch, cfg.seed)
             for policy in cfg.policies:
-                res = _run(pair, eng, policy, cfg, scfg, None if policy == AR else c)
+                res = _run(pair, eng, policy, cfg, scfg, None if policy == AR else c, agree)
                 sweep.append({"alpha": alpha, "policy": policy, "tokens_per_s": res.stats.tokens_per_s,
                               "ms_per_step": res.stats.ms_per_step,
                               "mean_accepted": res.stats.mean_accepted if policy != AR else 0.0})

@@ -265,11 +265,16 @@ def plan_options(policy: str, budget: str, profile, target: str, draft: str, dra
 
 
 def plan_decode(policy: str | None, profile, budget: int | None, draft: str | None, draft_kv: str | None,
-                refresh: str, draft_lookup: str | None = None):
+                refresh: str, draft_lookup: str | None = None, exact: int = 0):
     """`dustin decode`'s one run, checked before any model loads: (the policy, its `SparsePlan`, the
-    parsed --draft-lookup or None). The policy defaults to dustin with a profile, else full; one that
-    reads no profile is refused with one."""
+    parsed --draft-lookup or None, the exact mode: --exact K, else the policy's -x suffix, else off).
+    The policy defaults to dustin with a profile, else full; one that reads no profile is refused with one."""
+    from dustin_runtime.exact import ExactConfig, split_exact
     from dustin_runtime.lookup import LookupConfig
+
+    if exact and draft is None:
+        raise DustinError("--exact confirms a draft's speculative tokens: give --draft")
+    modes = ExactConfig(exact), split_exact(policy or "")[1]
 
     lookup = None if draft_lookup is None else LookupConfig.parse(draft_lookup)
     if lookup is not None and draft is None:
@@ -282,7 +287,7 @@ def plan_decode(policy: str | None, profile, budget: int | None, draft: str | No
     plan = plan_sparse(policy, profile, budget, None, None, False, draft_kv, parse_layers(refresh))
     if cls.budgeted and draft is None:
         raise DustinError(f"policy {policy} verifies a draft's tokens: give --draft")
-    return policy, plan, lookup
+    return policy, plan, lookup, modes[0] if modes[0].on else modes[1]
 
 
 def bind(plans: dict, target, draft, measure_arr: bool, group=None):

@@ -121,6 +121,22 @@ def _rope_from_hf(d: dict) -> RopeConfig:
     )
 
 
+def _finite_forward(rope: RopeConfig, rms_eps: float, source: str) -> None:
+    """Refuse the fields that make the forward NaN or Inf (token 0 forever, exit 0 otherwise)."""
+    import math
+
+    for key, v in (("rope_theta", rope.theta), ("rope factor", rope.factor), ("rms_norm_eps", rms_eps)):
+        if not (math.isfinite(v) and v > 0):
+            raise DustinError(f"{source}: {key} must be a finite number > 0, got {v!r}")
+    for key, v in (("low_freq_factor", rope.low_freq_factor), ("high_freq_factor", rope.high_freq_factor),
+                   ("beta_fast", rope.beta_fast), ("beta_slow", rope.beta_slow)):
+        if not (math.isfinite(v) and v > 0):
+            raise DustinError(f"{source}: rope {key} must be a finite number > 0, got {v!r}")
+    if rope.type == "llama3" and rope.high_freq_factor <= rope.low_freq_factor:
+        raise DustinError(f"{source}: rope high_freq_factor {rope.high_freq_factor} must exceed low_freq_factor "
+                          f"{rope.low_freq_factor} (llama3 scaling divides by their difference)")
+
+
 def _positive_int(d: dict, key: str, where: str, default: int | None = None) -> int:
     v = d.get(key)
     if v is None:
@@ -179,6 +195,7 @@ def config_from_hf(d: dict, name: str = "", source: str = "config.json") -> Mode
         rms_eps = float(d.get("rms_norm_eps", 1e-6))
     except (TypeError, ValueError) as e:
         raise DustinError(f"{source}: malformed rope or norm field ({e})") from None
+    _finite_forward(rope, rms_eps, source)
     bos = d.get("bos_token_id")
     return ModelConfig(
         arch=arch,

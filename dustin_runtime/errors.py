@@ -5,6 +5,7 @@ ranges of user-given counts beyond which input is refused with one."""
 # (windows, trials, batch sizes: beyond any useful run).
 MAX_TOKENS = 1 << 24
 MAX_COUNT = 1 << 16
+MAX_GAMMA = 256  # draft tokens per step: beyond it a step drafts for minutes and accepts a few
 
 
 class DustinError(Exception):

@@ -15,7 +15,22 @@ over each sequence's provisional tokens against the full KV cache, in one forwar
   bookkeeping (produced, done, the last output token), the lookup history and the policy's state
   (`SpecHooks.rolled_back`).
 
-The output is then vanilla greedy decoding's: every emitted token is the full-attention argmax of a
+Sampling (temperature > 0, one process): the pass applies the rejection rule of speculative sampling
+to the provisional tokens, with p = the full pass's distribution (after temperature / top-p) and
+r = the distribution each provisional token was drawn from, kept per token (`r` [B, T + 1, V]):
+token x_i is kept with probability min(1, p_i(x_i) / r_i(x_i)), the first rejected one is replaced by
+a draw from norm(max(0, p_i - r_i)) and everything after it rolled back. Why r_i is known: speculative
+sampling against the sparse verifier emits, given the emitted prefix, a draw from the sparse
+target's distribution r_i = p_sparse(. | prefix, the step's set), and row i of the sparse pass attends
+the set and the new tokens up to i only; so r_i is a function of the prefix and of the set, provided
+the set was chosen before the step's drafts exist (`SpecHooks.set_before_drafts`: streamingllm, the
+target history alone, full; not dustin's draft lookahead, quest's per-query pages or refresh layers,
+which see this step's drafts and would make r_i depend on tokens after i: refused). Given that, the
+kept-or-resampled token at each position is a draw from p given the confirmed prefix (the rejection
+rule's lemma, applied position by position with independent uniforms), so the output follows the
+target's distribution exactly; tests/runtime/test_exact.py checks it with a chi-square test.
+
+The greedy output is then vanilla greedy decoding's: every emitted token is the full-attention argmax of a
 prefix whose K/V rows are all exact (prefill is full attention; later rows are rewritten by the
 pass that confirmed them). Sparse verification only decides how many tokens a pass confirms (its
 agreement with the full pass), never which. The pass is one phase over static buffers (no host
@@ -34,9 +49,11 @@ from dataclasses import dataclass
 import torch
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.sampling import argmax
+from dustin_runtime.sampling import argmax, probs_from_logits, sample
 
 K_MAX = 6  # the confirmation pass's rows grow as K (gamma + 1): 20 rows a sequence is past the verify graph's cliff
+DEFAULT_K = 4  # the issue's cost model: ~2.6x vanilla / 1.5x standard speculative decoding at 7B, 32k, batch 16
+SUFFIX = "-x"  # a policy name's suffix for exact mode at DEFAULT_K (dustin-x, dustin-vs-x, quest-x, ...)
 KINDS = ("draft", "correction")  # an accepted draft; the token the target chose after them (correction or bonus)
 
 
@@ -57,6 +74,13 @@ class ExactConfig:
     def rows(self, gamma: int) -> int:
         """The confirmation pass's rows a sequence (the provisional tokens of K steps at most)."""
         return self.k * (gamma + 1)
+
+
+def split_exact(name: str) -> tuple[str, ExactConfig]:
+    """A policy name -> (the plain policy's name, its exact mode: K = DEFAULT_K with the suffix, else off)."""
+    if name.endswith(SUFFIX):
+        return name.removesuffix(SUFFIX), ExactConfig(DEFAULT_K)
+    return name, ExactConfig()
 
 
 class ExactLoop:
@@ -81,10 +105,14 @@ class ExactLoop:
         self.step = torch.zeros(1, dtype=torch.long, device=device)  # the pass's index (replay rows)
         self.replay = (torch.zeros(loop.book.accepted.shape[0], B, dtype=torch.long, device=device)
                        if replayed else None)  # [passes, B] forced matched counts (bench e2e)
+        self.r = None  # sampling: [B, T + 1, V] the distribution each provisional token was drawn from
+        if not loop.sampling.greedy:
+            self.r = torch.zeros(B, self.T + 1, loop.V, dtype=torch.float32, device=device)
 
     @property
     def mutable(self) -> list[torch.Tensor]:
-        return [self.hist, self.kind, self.confirmed, self.base, self.counts, self.provisional, self.step]
+        return [self.hist, self.kind, self.confirmed, self.base, self.counts, self.provisional, self.step] + (
+            [] if self.r is None else [self.r])
 
     def load(self, prompts: list[list[int]], lengths: torch.Tensor) -> None:
         """A call's prompts at positions 0.. and C = the cache length after prefill (eager)."""
@@ -106,14 +134,21 @@ class ExactLoop:
         self.replay[: c.shape[0]].copy_(c)
         self.replay[c.shape[0]:].copy_(c[-1:].expand(n - c.shape[0], -1))
 
-    def record(self, emitted: torch.Tensor, n: torch.Tensor, advance: torch.Tensor, lens: torch.Tensor) -> None:
+    def record(self, emitted: torch.Tensor, n: torch.Tensor, advance: torch.Tensor, lens: torch.Tensor,
+               logits: torch.Tensor | None = None) -> None:
         """A step's tokens emitted [B, W] (n [B] accepted drafts, advance [B] tokens kept) at
-        positions lens + 1 .. (lens [B]: the cache length before the advance)."""
+        positions lens + 1 .. (lens [B]: the cache length before the advance); sampling: the sparse
+        pass's logits [B, W, V], whose distributions the emitted tokens follow (module docstring)."""
         W = emitted.shape[1]
         j = self.j[:W].view(1, W)
-        pos = torch.where(j < advance.view(-1, 1), lens.long().view(-1, 1) + 1 + j, self.trash)  # [B, W]
+        kept = j < advance.view(-1, 1)
+        pos = torch.where(kept, lens.long().view(-1, 1) + 1 + j, self.trash)  # [B, W]
         self.hist.scatter_(1, pos, emitted)
         self.kind.scatter_(1, pos, (j >= n.view(-1, 1)).long().expand_as(pos))
+        if self.r is not None:
+            slot = torch.where(kept, pos - self.confirmed.view(-1, 1) - 1, self.T).clamp(0, self.T)  # [B, W]
+            r = probs_from_logits(logits, self.loop.sampling)
+            self.r.scatter_(1, slot.unsqueeze(-1).expand(-1, -1, r.shape[-1]), r)
 
     def confirm_phase(self) -> None:
         """The confirmation pass (module docstring): confirm, correct, roll back."""
@@ -125,16 +160,23 @@ class ExactLoop:
         book.produced.copy_(C - self.base)  # the early-stop mask counts from the confirmed tokens
         logits = loop.target(self.hist.gather(1, pos), tcache, self.backend, phase="verify", local_vocab=True)
         logits = logits[..., : loop.V] if loop.shard is None else loop.shard.cut(logits)
-        full = argmax(book.mask_early_stops(logits, eos=loop.eos), loop.shard)  # [B, T]
+        logits = book.mask_early_stops(logits, eos=loop.eos)
         nprov = L - C  # [B] provisional tokens at C + 1 .. L
         checkable = self.j[:T].view(1, T) < nprov.view(-1, 1)  # [B, T]
-        match = (full == self.hist.gather(1, pos + 1)) & checkable
+        x = self.hist.gather(1, pos + 1)  # [B, T] the provisional tokens the rows check
+        if self.r is None:
+            full = argmax(logits, loop.shard)  # [B, T]
+            match = (full == x) & checkable
+        else:
+            full, match = self._rejection(logits, x, checkable)
         a = match.long().cumprod(1).sum(1)  # [B] the matched prefix
         if self.replay is not None:  # forced (bench e2e): this pass's row of the replayed counts
             a = torch.minimum(self.replay.index_select(0, self.step.clamp_max(self.replay.shape[0] - 1)).view(-1), nprov)
         self.step += 1
         miss = a < nprov
         new = C + a + miss.long()  # [B] the new confirmed position
+        if self.r is not None:  # the residual's draw at the first rejection
+            full = self._resample(logits, a.clamp_max(T - 1))
         fix = full.gather(1, a.clamp_max(T - 1).view(-1, 1)).view(-1)
         at = new.view(-1, 1)
         self.hist.scatter_(1, at, torch.where(miss, fix, self.hist.gather(1, at).view(-1)).view(-1, 1))
@@ -142,6 +184,8 @@ class ExactLoop:
         self.provisional += nprov
         self.confirmed.copy_(new)
         tcache.set_lengths(new.to(torch.int32))
+        if self.r is not None:  # the next block's provisional tokens start after the new C
+            self.r.zero_()
         loop.dcache.set_lengths(tcache.lengths[loop.rows])
         loop.cur.copy_(self.hist.gather(1, at).view(-1))
         loop.prev.copy_(self.hist.gather(1, (new - 1).clamp_min(0).view(-1, 1)).view(-1))
@@ -149,6 +193,27 @@ class ExactLoop:
         if loop.lookup is not None:
             loop.lookup.write(tcache.lengths, loop.cur)
         loop.hooks.rolled_back(tcache.lengths)
+
+    def _rejection(self, logits, x, checkable) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampling: (full [B, T] placeholder tokens, kept [B, T]): x_t kept with probability
+        min(1, p_t(x_t) / r_t(x_t)) (u r <= p, no division)."""
+        from dustin_runtime.sampling import pick
+
+        T = x.shape[1]
+        self._p = probs_from_logits(logits, self.loop.sampling)  # [B, T, V]
+        p_x, r_x = pick(self._p, x), pick(self.r[:, :T], x)
+        u = torch.rand(x.shape, device=x.device, generator=self.loop.gen)
+        return x, (u * r_x <= p_x) & checkable
+
+    def _resample(self, logits, at: torch.Tensor) -> torch.Tensor:
+        """[B, 1] a draw from norm(max(0, p - r)) at row `at` [B] (p where the residual is empty)."""
+        V = self._p.shape[-1]
+        idx = at.view(-1, 1, 1).expand(-1, 1, V)
+        p, r = self._p.gather(1, idx).squeeze(1), self.r.gather(1, idx).squeeze(1)  # [B, V]
+        res = (p - r).clamp_min(0.0)
+        mass = res.sum(-1, keepdim=True)
+        res = torch.where(mass > 0, res / mass.clamp_min(1e-30), p)
+        return sample(res, self.loop.gen).view(-1, 1).expand(-1, self.T).contiguous()
 
     def _count(self, checkable, a, miss, pos) -> None:
         """Checked (the matched prefix and the first mismatch) and matched tokens per kind."""
@@ -183,5 +248,10 @@ class ExactLoop:
         for name, (ch, m) in zip(KINDS, c, strict=True):
             out[f"agreement_{name}"] = m / ch if ch else 1.0
             out[f"checked_{name}"] = ch
+        per = self.counts[:rows].tolist()  # [B][kinds][checked, matched]: intervals over the sequences
+        for i, name in enumerate(("checked", "matched")):
+            out[f"exact_{name}_per_sequence"] = [sum(k[i] for k in seq) for seq in per]
+            for j, kind in enumerate(KINDS):
+                out[f"exact_{name}_{kind}_per_sequence"] = [seq[j][i] for seq in per]
         return out
 

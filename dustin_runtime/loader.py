@@ -482,7 +482,10 @@ def load_model(
             return random_model(cfg, dtype=dtype, device=device, tp=tp), ckpt
         if ckpt.kind == "hf":
             get, names = _hf_tensor_getter(ckpt.path)
-        else:
+            if not cfg.tie_word_embeddings and not names & {"lm_head.weight", "model.lm_head.weight"}:
+                raise DustinError(f"{ckpt.path}: the config's tie_word_embeddings is false but the weights hold no "
+                                  "lm_head.weight; set it true if the head is the embedding matrix")
+        else:  # a GGUF without output.weight ties its head to the embeddings (llama.cpp's convention)
             get, names = _gguf_tensor_getter(ckpt.path)
         return _materialise(cfg, convert_weights(cfg, get, names, tp), dtype, device, tp), ckpt
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from dustin_runtime.errors import DustinError
+from dustin_runtime.exact import ExactConfig
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import (
     Checkpoint,
@@ -181,6 +182,7 @@ def decode(
     hooks: SpecHooks | None = None,
     cuda_graphs: bool | None = None,
     lookup: LookupConfig | None = None,
+    exact: ExactConfig = ExactConfig(),
 ) -> DecodeOutput:
     """Decode a batch of text prompts: autoregressive without a draft, speculative with one (the
     steps as CUDA graphs on CUDA unless `cuda_graphs` is False)."""
@@ -201,7 +203,7 @@ def decode(
     else:
         res = speculative_generate(
             target.model, draft.model, ids, max_new, gamma=gamma, sampling=sampling,
-            eos_ids=eos, hooks=hooks, seed=seed, cuda_graphs=cuda_graphs, lookup=lookup,
+            eos_ids=eos, hooks=hooks, seed=seed, cuda_graphs=cuda_graphs, lookup=lookup, exact=exact,
         )
     texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
     meta = {

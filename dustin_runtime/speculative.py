@@ -26,7 +26,7 @@ import torch
 
 from dustin_runtime.attention import AttentionBackend, default_backend
 from dustin_runtime.engine import Engine, default_engine
-from dustin_runtime.errors import DustinError
+from dustin_runtime.errors import MAX_GAMMA, DustinError
 from dustin_runtime.exact import ExactConfig, ExactLoop
 from dustin_runtime.generate import (
     PREFILL_CHUNK,
@@ -62,6 +62,7 @@ class SpecHooks:
     is replaced by the cached one, whose buffers the graphs hold, after its `reset()`."""
 
     name = "full"
+    exact = ExactConfig()  # the policy's exact mode (a policy name with the -x suffix: `exact.split_exact`)
     selects = False  # `before_verify` does work (a selection phase between drafting and verification)
 
     def key(self) -> tuple | None:
@@ -101,6 +102,11 @@ class SpecHooks:
     def after_verify(self, accepted: torch.Tensor, advance: torch.Tensor) -> None:
         """Called after acceptance with n [B] and the committed advance [B] (0 for finished ones)."""
 
+    def set_before_drafts(self) -> bool:
+        """Whether the verification set of a step is chosen from what precedes the step's drafts (exact
+        sampling needs it: `dustin_runtime.exact`)."""
+        return True
+
     def rolled_back(self, lengths: torch.Tensor) -> None:
         """Exact mode's confirmation pass cut the target cache back to lengths [B] (rows past them
         are gone: a policy drops what it keeps of them). Inside a phase (no host sync)."""
@@ -135,6 +141,16 @@ class AcceptReplay:
 
 
 @torch.inference_mode()
+def check_gamma(gamma: int, prompts: list[list[int]], limit: int) -> None:
+    """Refuse a gamma above MAX_GAMMA or above the positions the models have left after a prompt."""
+    if gamma > MAX_GAMMA:
+        raise DustinError(f"--gamma {gamma} is above {MAX_GAMMA} draft tokens per step")
+    longest = max(len(p) for p in prompts)
+    if gamma > limit - longest:
+        raise DustinError(f"--gamma {gamma} drafts past the models' {limit} positions: a prompt of {longest} tokens "
+                          f"leaves {limit - longest}")
+
+
 def speculative_generate(
     target: Transformer,
     draft: Transformer,
@@ -170,20 +186,24 @@ def speculative_generate(
     cacheable (side measurements, traces); `engine` defaults to the model pair's."""
     if gamma < 1:
         raise DustinError("gamma must be >= 1")
-    if exact.on and not sampling.greedy:
-        raise DustinError("--exact needs greedy decoding (temperature 0)")
+    hooks = hooks or SpecHooks()
+    exact = exact if exact.on else hooks.exact
+    if exact.on and not sampling.greedy and (target.tp is not None or not hooks.set_before_drafts()):
+        raise DustinError(f"--exact with sampling needs a verification set chosen before the step's drafts, in one "
+                          f"process (full, streamingllm, target-only, dustin without draft heads or refresh "
+                          f"layers), not {hooks.name}; or decode greedily")
     if target.device != draft.device:
         raise DustinError("target and draft must be on the same device")
     max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     check_prompts(prompts, max_new, target, extra=gamma + 1)
     check_prompts(prompts, max_new, draft, extra=gamma + 1)
+    check_gamma(gamma, prompts, min(target.cfg.max_position_embeddings, draft.cfg.max_position_embeddings))
     tp, asked = target.tp, len(prompts)
     pad = 0 if tp is None else -asked % tp.world
     if pad:  # the draft splits the batch over ranks
         if isinstance(prefilled, tuple):
             raise DustinError(f"a batch of {asked} prefilled sequences does not divide over --tp {tp.world}")
         prompts, max_new = prompts + [prompts[-1][-1:]] * pad, max_new + [0] * pad
-    hooks = hooks or SpecHooks()
     device, B, V = target.device, len(prompts), _common_vocab(target, draft)
     pkey = hooks.key()
     graphs = use_graphs(cuda_graphs, device, pkey is not None)
@@ -386,7 +406,7 @@ class _SpecLoop:
         emitted.scatter_(1, n.view(-1, 1), nxt.view(-1, 1))  # [B, gamma + 1]
         advance = self.book.emit(emitted, n + 1)
         if self.exact is not None:  # provisional until a confirmation pass
-            self.exact.record(emitted, n, advance, self.tcache.lengths)
+            self.exact.record(emitted, n, advance, self.tcache.lengths, self.step["logits"])
         self.tcache.advance(advance.to(torch.int32))
         self.dcache.set_lengths(self.tcache.lengths[self.rows])
         live = advance > 0

@@ -27,7 +27,8 @@ PGR=${PGR:-results/fidelity-pg19}  # dustin with the profile's refresh layers (a
 ACO=${ACO:-results/acceptance-retention}
 ACP=${ACP:-results/acceptance-lookup}
 ACB=${ACB:-results/acceptance-sparse-drafting}
-STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books"
+ACX=${ACX:-results/acceptance-exact}
+STEPS="pg19 acceptance acceptance-verify-set pg19-refresh acceptance-refresh pg19-refresh-budgets acceptance-refresh-768 acceptance-draft-paired acceptance-lookup acceptance-draft-paired-books acceptance-exact"
 for s in $ONLY; do
   case " $STEPS " in *" $s "*) ;; *) echo "gpu_evals.sh: ONLY: unknown step '$s'; steps: $STEPS" >&2; exit 2;; esac
 done
@@ -42,10 +43,10 @@ for ctx in 4096 7168; do  # 7168 + 1024 = the models' 8192 positions
     --policy full,dustin,streamingllm,quest,oracle --budget 512 --profile $P1 --refresh-layers none \
     --out-dir $PGO
 done
-step acceptance $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 8 \
+step acceptance $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 --windows 8 \
   --max-new-tokens 256 --budget 512 --policy full,dustin,streamingllm,quest,oracle --profile $P1 --refresh-layers none \
   --out $ACO/smollm2-draft
-step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
+step acceptance-verify-set $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 \
   --windows 8 --max-new-tokens 256 --budget 512 --policy dustin,streamingllm --draft-kv verify-set \
   --profile $P1 --refresh-layers none --out $ACO/smollm2-draft-verify-set
 for ctx in 4096 7168; do  # dustin without refresh: the pg19 step's records (same windows)
@@ -53,7 +54,7 @@ for ctx in 4096 7168; do  # dustin without refresh: the pg19 step's records (sam
     --windows 16 --policy full,dustin --budget 512 --profile $P1 $refresh \
     --out-dir $PGR
 done
-step acceptance-refresh $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
+step acceptance-refresh $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 \
   --windows 8 --max-new-tokens 256 --budget 512 --policy full,dustin $refresh --profile $P1 \
   --out $ACO/smollm2-draft-refresh
 for ctx in 4096 7168; do  # dustin with the profile's refresh layers at larger budgets
@@ -61,27 +62,33 @@ for ctx in 4096 7168; do  # dustin with the profile's refresh layers at larger b
     --windows 16 --policy full,dustin --budget 768,1024 --profile $P1 $refresh \
     --out-dir $PGR/budgets
 done
-step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 \
+step acceptance-refresh-768 $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 \
   --windows 8 --max-new-tokens 256 --budget 768 --policy full,dustin $refresh --profile $P1 \
   --out $ACO/smollm2-draft-refresh-768
 if want_only acceptance-draft-paired; then  # each step drafted twice (set and whole cache), both verified in full
   echo "== acceptance-draft-paired"
-  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 24 \
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 --windows 24 \
     --max-new-tokens 256 --budget 512 --policy dustin --draft-kv verify-set --profile $P1 $refresh \
     --out $ACP/smollm2-draft-verify-set
 fi
 if want_only acceptance-draft-paired-books; then  # 3 windows of every eval book; intervals resample books
   echo "== acceptance-draft-paired-books"
-  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 72 \
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 --windows 72 \
     --windows-per-book 3 --max-new-tokens 256 --budget 512 --policy dustin --draft-kv verify-set --profile $P1 \
     $refresh --out $ACB/smollm2-draft-verify-set
 fi
 if want_only acceptance-lookup; then
   echo "== acceptance-lookup"
-  lk="$common --data $BOOKS --contexts 4096,8192 --windows 24 --max-new-tokens 256 --budget 512 --profile $P1"
+  lk="$common --data $BOOKS --contexts 4096,7936 --windows 24 --max-new-tokens 256 --budget 512 --profile $P1"
   run $PY -m dustin.cli eval acceptance $lk $refresh --policy full,dustin --draft-kv verify-set --draft-lookup 4:2 \
     --out $ACP/smollm2-draft-lookup4-2
   run $PY -m dustin.cli eval acceptance $lk --policy full --draft-lookup 4:1 --no-paired --no-arr \
     --out $ACP/smollm2-draft-lookup4-1
+fi
+if want_only acceptance-exact; then  # exact mode: its output (prefix vs full = 1) and the agreement bench e2e replays
+  echo "== acceptance-exact"
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 16 \
+    --max-new-tokens 256 --budget 512,1024,2048,4096 --policy full,dustin,dustin-x --draft-kv verify-set \
+    --profile $P1 $refresh --no-paired --no-arr --out $ACX/smollm2-draft-verify-set
 fi
 exit $status

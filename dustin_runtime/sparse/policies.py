@@ -34,6 +34,7 @@ import torch
 
 from dustin_runtime.attention import AttentionBackend, ForwardContext
 from dustin_runtime.errors import DustinError
+from dustin_runtime.exact import SUFFIX, split_exact
 from dustin_runtime.kv_cache import KVCache
 from dustin_runtime.model import Transformer
 from dustin_runtime.ops import SparseOps, default_ops, kernels
@@ -521,6 +522,10 @@ class SignalPolicy(SparsePolicy):
         self.holding = False
         self.join()
 
+    def set_before_drafts(self):
+        c = self.cfg  # the lookahead attends this step's drafts; a refresh layer, their queries
+        return not (c.draft_heads and c.m > 0) and not c.refresh_layers
+
     def rolled_back(self, lengths):
         super().rolled_back(lengths)
         if self.hist_lens is not None:  # the deferred history scores the kept rows only
@@ -591,6 +596,9 @@ class QuestPolicy(SparsePolicy):
     one_set = False
     pages = True
 
+    def set_before_drafts(self):
+        return False  # the pages are ranked by this pass's queries, the drafts' included
+
     def after_prefill(self):
         for layer in range(self.target.cfg.num_layers):  # every page; the steps then update the last ones
             self.pages.refresh(layer, self.tcache.k[layer], self.tcache.lengths, full=True)
@@ -620,6 +628,9 @@ class OraclePolicy(SparsePolicy):
     name = "oracle"
     needs_true_attention = True
 
+    def set_before_drafts(self):
+        return False
+
     def select(self, lens):
         c, ctx = self.cfg, self.true.ctx
         if self.tp is not None:  # the mean over every rank's heads
@@ -632,10 +643,13 @@ POLICY_CLASSES: dict[str, type[Policy]] = {c.name: c for c in (
 
 
 def policy_class(name: str) -> type[Policy]:
-    """The class of a policy name (its traits), or one clear error naming the known ones."""
-    if name not in POLICY_CLASSES:
-        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CLASSES)}")
-    return POLICY_CLASSES[name]
+    """The class of a policy name (its traits; with the -x suffix, the plain policy's: exact mode is
+    a way to run it), or one clear error naming the known ones."""
+    base = split_exact(name)[0]
+    if base not in POLICY_CLASSES:
+        raise DustinError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_CLASSES)} (each with "
+                          f"{SUFFIX} for exact mode)")
+    return POLICY_CLASSES[base]
 
 
 def make_policy(
@@ -652,12 +666,17 @@ def make_policy(
     window and, for dustin, the retrieval heads and m (a profile, or `SparseConfig.all_heads`);
     draft-only / target-only use every KV head of their model; `full` needs no config.
     `measure_arr` adds ARR to the run's stats; `paired` adds what full verification accepts on the
-    same drafts (greedy; one more full target pass per step)."""
+    same drafts (greedy; one more full target pass per step). A name with the -x suffix runs the
+    policy in exact mode (`dustin_runtime.exact`: its output is the target's greedy output)."""
     cls = policy_class(name)
     if not cls.budgeted:
         if cfg is not None and cfg.draft_kv != "full":
             raise DustinError("full verification has no verification set to draft over: use --draft-kv full")
-        return cls(measure_arr, paired)
-    if cfg is None:
+        hooks = cls(measure_arr, paired)
+    elif cfg is None:
         raise DustinError(f"policy {name} needs a budget (--budget)")
-    return cls(cfg, target, draft, measure_arr=measure_arr, paired=paired, ops=ops)
+    else:
+        hooks = cls(cfg, target, draft, measure_arr=measure_arr, paired=paired, ops=ops)
+    if name != cls.name:
+        hooks.name, hooks.exact = name, split_exact(name)[1]
+    return hooks

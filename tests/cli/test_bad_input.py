@@ -31,6 +31,12 @@ def bad_checkpoint(root, name, target, *, config=None, weights=None, tokenizer=T
     return folder
 
 
+def theta(cfg: dict, v: float) -> dict:
+    """`cfg` with rope_theta `v` wherever it is kept (top level, rope_parameters)."""
+    rp = cfg.get("rope_parameters")
+    return {**cfg, "rope_theta": v, **({"rope_parameters": {**rp, "rope_theta": v}} if rp else {})}
+
+
 @pytest.fixture(scope="module")
 def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
     """The paths the cases name: tiny models (T, D, O, short, alien), a tiny GGUF (G), broken inputs
@@ -51,6 +57,12 @@ def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
         "cfg_float_layers": {**cfg, "num_hidden_layers": 1.5}, "cfg_deep": DEEP,
     }.items():
         bad_checkpoint(x, name, t, config=config, weights=False)
+    for name, config in {  # weights present: what makes the forward NaN (token 0 forever) or the wrong head
+        "cfg_theta0": theta(cfg, 0), "cfg_theta_neg": theta(cfg, -10000.0),
+        "cfg_eps_neg": {**cfg, "rms_norm_eps": -1e-6}, "cfg_eps_nan": {**cfg, "rms_norm_eps": float("nan")},
+        "cfg_untied": {**cfg, "tie_word_embeddings": False},  # the tiny target's weights hold no lm_head
+    }.items():
+        bad_checkpoint(x, name, t, config=config)
     bad_checkpoint(x, "st_trunc", t, weights=weights[: len(weights) // 2])
     bad_checkpoint(x, "st_empty", t, weights=b"")
     bad_checkpoint(x, "st_none", t, weights=False)
@@ -156,6 +168,12 @@ CASES = {
                                ["hidden_size must be a positive integer"]),
     "config-zero-heads": (["decode", "--target", "{X}/cfg_zeroheads", "--prompt", "hi"],
                           ["num_attention_heads must be a positive integer"]),
+    "config-rope-theta-0": (["decode", "--target", "{X}/cfg_theta0", "--prompt", "hi"], ["rope_theta must be a finite number > 0"]),
+    "config-rope-theta-neg": (["decode", "--target", "{X}/cfg_theta_neg", "--prompt", "hi"], ["rope_theta", "-10000"]),
+    "config-eps-neg": (["decode", "--target", "{X}/cfg_eps_neg", "--prompt", "hi"], ["rms_norm_eps must be a finite"]),
+    "config-eps-nan": (["decode", "--target", "{X}/cfg_eps_nan", "--prompt", "hi"], ["rms_norm_eps", "nan"]),
+    "config-untied-no-head": (["decode", "--target", "{X}/cfg_untied", "--prompt", "hi"],
+                              ["tie_word_embeddings is false", "no lm_head.weight"]),
     "config-layers-float": (["decode", "--target", "{X}/cfg_float_layers", "--prompt", "hi"], ["num_hidden_layers"]),
     "config-empty": (["decode", "--target", "{X}/cfg_empty", "--prompt", "hi"], ["config.json: unreadable"]),
     "config-not-json": (["decode", "--target", "{X}/cfg_notjson", "--prompt", "hi"], ["config.json: unreadable"]),
@@ -185,6 +203,13 @@ CASES = {
     # decode options
     "gamma-0": ([*SPEC, "--gamma", "0"], ["--gamma"]),
     "gamma-negative": ([*SPEC, "--gamma", "-1"], ["--gamma"]),
+    "gamma-above-max": ([*SPEC, "--gamma", "257"], ["--gamma", "less than or equal to 256"]),
+    "gamma-past-positions": (["decode", "--target", "{short}", "--draft", "{D}", "--prompt", "word " * 20,
+                              "--max-new-tokens", "2", "--gamma", "60"], ["--gamma 60 drafts past the models' 64 positions"]),
+    "acceptance-context-past-positions": (["eval", "acceptance", "--target", "{short}", "--draft", "{D}", "--data",
+                                           "{X}/books", "--contexts", "60", "--max-new-tokens", "8", "--budget", "68",
+                                           "--policy", "full", "--out", "{X}/acc2/x"],
+                                          ["--contexts 60 + --max-new-tokens 8 exceed the models' 64", "is 56"]),
     "max-new-tokens-0": ([*DEC, "--max-new-tokens", "0"], ["--max-new-tokens"]),
     "temperature-negative": ([*DEC, "--temperature", "-1"], ["temperature must be"]),
     "temperature-nan": ([*DEC, "--temperature", "nan"], ["temperature must be"]),

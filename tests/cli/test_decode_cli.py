@@ -42,3 +42,22 @@ def test_decode_with_a_vocabulary_subset_draft_keeps_the_tokens(models, tmp_path
                             "--draft-vocab", f"{counts}:20", ok=True).stdout.strip().splitlines()[-1])
     assert sd["tokens"] == ar["tokens"]
     assert 20 <= sd["draft_head_tokens"] <= 23  # the 20 most frequent and the EOS ids
+
+
+def test_decode_exact_gives_the_autoregressive_tokens(models, tmp_path, run_cli, assert_one_line_error):
+    """--exact K and the -x policies give greedy decoding's tokens and report the K used (the runtime's
+    tests cover budgets where sparse verification departs: tests/runtime/test_exact.py)."""
+    f = tmp_path / "batch.jsonl"
+    f.write_text('{"prompt": "Once upon a time there was a river that ran"}\n{"prompt": "The cat", '
+                 '"max_new_tokens": 7}\n')
+    common = ["--target", str(models["llama"]), "--prompts", str(f), "--max-new-tokens", "15", "--json"]
+    ar = json.loads(run_cli("decode", *common, ok=True).stdout.strip().splitlines()[-1])
+    spec = [*common, "--draft", str(models["llama_draft"]), "--gamma", "3"]
+    for extra in (["--policy", "quest", "--exact", "2"], ["--policy", "streamingllm-x"]):
+        out = json.loads(run_cli("decode", *spec, *extra, ok=True).stdout.strip().splitlines()[-1])
+        assert out["tokens"] == ar["tokens"]
+        assert out["stats"]["extra"]["exact_k"] == (2 if "--exact" in extra else 4)
+    p = run_cli("decode", *common, "--exact", "2")
+    assert_one_line_error(p, "--exact", "--draft", code=2)
+    p = run_cli("decode", *spec, "--exact", "9")
+    assert_one_line_error(p, "--exact", code=2)

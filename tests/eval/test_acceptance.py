@@ -156,3 +156,28 @@ def test_windows_per_book_takes_consecutive_windows_and_resamples_books(setup, t
     assert key["windows_per_book"] == 2
     with pytest.raises(Exception, match="windows_per_book|settings|differ"):  # a resume with other settings is refused
         run_acceptance(tgt, drf, configs, replace(cfg, windows_per_book=1), tmp_path / "w.runs.jsonl")
+
+
+def test_acceptance_of_exact_policies_records_the_agreement(setup):
+    """-x policies beside the plain ones: the output is full verification's (prefix 1) and the record
+    holds the per-token agreement of the sparse and full greedy choice, per kind, with intervals."""
+    tgt, drf, books, root = setup
+    cfg = AcceptanceConfig(contexts=(130,), windows=3, max_new_tokens=12, gamma=3, budgets=(12, 512),
+                           policies=("full", "streamingllm", "streamingllm-x", "dustin-x"), books_dir=str(books),
+                           measure_arr=False, paired=False)
+    configs = {b: SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, b, sinks=2, window=4) for b in cfg.budgets}
+    recs = run_acceptance(tgt, drf, configs, cfg, root / "x" / "x.runs.jsonl")
+    by = {(r["policy"], r["budget"]): r for r in recs}
+    for (policy, _), r in by.items():
+        if policy.endswith("-x"):
+            assert r["prefix"] == 1 and r["extra"]["exact_k"] == 4
+            for kind in ("", "_draft", "_correction"):
+                if f"agreement{kind}_ci" in r:
+                    lo, hi = r[f"agreement{kind}_ci"]
+                    assert 0 <= lo <= r[f"agreement{kind}"] + 1e-12 and r[f"agreement{kind}"] <= hi + 1e-12 and hi <= 1
+        else:
+            assert r.get("agreement") is None
+    assert by[("streamingllm-x", 512)]["agreement"] == 1  # the set covers the context
+    assert by[("streamingllm", 12)]["prefix"] < 1 and by[("streamingllm-x", 12)]["agreement"] < 1
+    _, m = write_acceptance(recs, root / "x", "x", provenance(), cfg, configs)
+    assert "per-token agreement" in m.read_text()

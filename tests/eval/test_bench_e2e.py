@@ -11,16 +11,19 @@ from dustin_eval.bench_e2e import (
     E2EConfig,
     Pair,
     _run,
+    agreement_counts,
     byte_floor,
     geometric_counts,
     recorded_counts,
     replay_counts,
     sparse_config,
+    split_agreement,
     split_policy,
 )
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
+from dustin_runtime.generate import generate
 from dustin_runtime.loader import random_model
 from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
@@ -142,3 +145,49 @@ def test_byte_floor_adds_the_keys_of_each_refresh_layer():
     assert refreshed["bytes"] - plain["bytes"] == 2 * cfg.batch * cfg.context * t.num_kv_heads * t.head_dim * 2
     assert byte_floor(pair, "dustin-vs-r", cfg, scfg, 1.0)["bytes"] - byte_floor(pair, "dustin-vs", cfg, scfg, 1.0)[
         "bytes"] == refreshed["bytes"] - plain["bytes"]
+
+
+def test_exact_policies_and_the_replayed_agreement():
+    assert split_policy("dustin-vs-r-x") == ("dustin", True, True) and split_policy("quest-x") == ("quest", False, False)
+    assert split_agreement("geometric:0.8:agree=0.97") == ("geometric:0.8", 0.97)
+    assert split_agreement("runs/a.jsonl") == ("runs/a.jsonl", None)
+    for bad in ("geometric:0.8:agree=1.5", "geometric:0.8:agree=x"):
+        with pytest.raises(DustinError, match="agreement"):
+            split_agreement(bad)
+    c = agreement_counts("geometric:0.8:agree=0.9", 20, 4000, 4, 0)
+    assert c.shape == (4000, 4) and c.max() <= 20
+    for k in (1, 5):  # P(confirmed >= k) = agree^k
+        assert (c >= k).double().mean().item() == pytest.approx(0.9 ** k, abs=4 * (0.25 / 16000) ** 0.5)
+    assert agreement_counts("geometric:0.8", 20, 10, 4, 0) is None
+    assert torch.equal(replay_counts("geometric:0.8:agree=0.9", 3, 50, 2, 1), replay_counts("geometric:0.8", 3, 50, 2, 1))
+    with pytest.raises(DustinError, match="agree="):  # random weights agree on nothing: the agreement is replayed
+        E2EConfig(policies=("ar", "dustin-vs-x")).check()
+    E2EConfig(policies=("ar", "full", "dustin-vs", "dustin-vs-x"), acceptance="geometric:0.8:agree=0.97").check()
+    with pytest.raises(DustinError, match="unknown policies"):
+        E2EConfig(policies=("ar-x",), acceptance="geometric:0.8:agree=0.97").check()
+
+
+@pytest.mark.parametrize("policy", ["dustin-x", "dustin-vs-x", "streamingllm-x", "quest-x"])
+def test_run_of_an_exact_policy_is_greedy_decoding(policy):
+    cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=12, sinks=2, window=4, m=4,
+                    srh=2, draft_srh=1, new_tokens=9, policies=(policy,))
+    pair = tiny_pair()
+    scfg = sparse_config(cfg, pair)
+    res = _run(pair, Engine(pair.target, pair.draft), policy, cfg, scfg, None)
+    assert res.tokens == generate(pair.target, pair.prompts, 9).tokens
+    assert res.stats.extra["exact_k"] == 4 and res.stats.extra["confirm_passes"] >= 1
+    forced = _run(pair, Engine(pair.target, pair.draft), policy, cfg, scfg, torch.full((10, 2), 2),
+                  torch.zeros(10, 2, dtype=torch.long))  # replayed: each pass confirms nothing but its correction
+    x = forced.stats.extra  # a pass after k confirmed tokens comes when 3 tokens a step reach 9 (< K = 4 steps)
+    assert x["confirmed_share"] == 0 and x["confirm_passes"] == 9
+    assert forced.stats.steps == sum(-(-(9 - k) // 3) for k in range(9))
+
+
+def test_byte_floor_of_an_exact_policy_adds_a_full_pass_every_k_steps():
+    cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=24, sinks=2, window=4, m=4,
+                    srh=2, draft_srh=1, new_tokens=6, policies=("dustin-vs", "dustin-vs-x"))
+    pair = tiny_pair()
+    scfg = sparse_config(cfg, pair)
+    plain, exact = (byte_floor(pair, p, cfg, scfg, 1.0)["bytes"] for p in ("dustin-vs", "dustin-vs-x"))
+    full = byte_floor(pair, "ar", cfg, scfg, 1.0)["bytes"]  # the weights and every KV row once
+    assert exact - plain == pytest.approx(full / 4)

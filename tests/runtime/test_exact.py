@@ -11,7 +11,6 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.exact import K_MAX, ExactConfig
 from dustin_runtime.generate import generate
 from dustin_runtime.lookup import LookupConfig
-from dustin_runtime.sampling import SamplingConfig
 from dustin_runtime.sparse.config import SparseConfig
 from dustin_runtime.sparse.policies import make_policy
 from dustin_runtime.speculative import speculative_generate
@@ -116,8 +115,6 @@ def test_k_zero_is_off_and_bad_configs_are_refused(pair):
     for bad in (-1, K_MAX + 1, 2.5):
         with pytest.raises(DustinError, match="--exact"):
             ExactConfig(bad)
-    with pytest.raises(DustinError, match="greedy"):
-        exact(pair, None, 2, sampling=SamplingConfig(temperature=1.0))
 
 
 @pytest.mark.slow
