@@ -409,7 +409,7 @@ class TPRunner(_ForkServer):
 
     def _ask(self, req: dict) -> list[int]:
         if self.proc is None or self.proc.poll() is not None:
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath(),
                    "TOKENIZERS_PARALLELISM": "false"}
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "runtime" / "tp_server.py")],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -467,6 +467,11 @@ class Ran:
     stderr: str
 
 
+def _pythonpath() -> str:
+    """The repo first, then what the caller's PYTHONPATH held (a GPU machine puts the kernels there)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def base_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -480,7 +485,7 @@ class Cli(_ForkServer):
     def _server(self):
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True, env={**base_env(), "PYTHONPATH": str(REPO)}, cwd=REPO)
+                                         text=True, env={**base_env(), "PYTHONPATH": _pythonpath()}, cwd=REPO)
         return self.proc
 
     def __call__(self, *args, cwd=None, env=None, timeout=300) -> Ran:
