@@ -11,8 +11,8 @@ import json
 import sys
 
 import torch
-
 from dustin_kernels import full_verify_attention
+
 from probes.common import graph_us
 
 B, H, G, D, N = 16, 28, 4, 128, 32768
