@@ -6,6 +6,7 @@ Ctrl-C (one line, exit 128 + n) with its records kept and its lock released, so 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,10 +25,14 @@ def dustin(*args, stdout=subprocess.PIPE, **kw):
                             stdout=stdout, stderr=subprocess.PIPE, cwd=REPO, env=ENV, **kw)
 
 
+_PROGRESS = re.compile(r"^[\w ./-]+: \d+(/\d+)? done, ")
+
+
 def errors(err: bytes) -> list[str]:
+    """stderr's lines without the progress lines a run prints when stderr is not a terminal."""
     text = err.decode("utf-8", "replace")
     assert "Traceback" not in text, text
-    return [ln for ln in text.splitlines() if ln.strip()]
+    return [ln for ln in text.splitlines() if ln.strip() and not _PROGRESS.match(ln)]
 
 
 @pytest.fixture(scope="module")

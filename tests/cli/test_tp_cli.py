@@ -83,9 +83,9 @@ def test_tp_without_the_launcher(pair, cli, assert_one_line_error):
     assert_one_line_error(cli(*_decode(pair), "--tp", "2"), "torchrun --nproc-per-node 2", code=2)
 
 
-def test_one_process_commands_under_the_launcher(pair, tp_run):
-    _one_line_on_rank0(tp_run.cli(2, "profile", "--target", pair["target"], "--draft", pair["draft"]),
-                       "dustin profile runs in one process")
+def test_one_process_commands_under_the_launcher(tp_run):
+    _one_line_on_rank0(tp_run.cli(2, "bench", "attention", "--shape", "qwen2.5-7b", "--context", "64"),
+                       "dustin bench attention runs in one process")
 
 
 def test_eval_under_the_launcher_writes_once_and_resumes(pair, tp_run, gutenberg_eval_dir, tmp_path):
