@@ -35,14 +35,14 @@ import torch
 from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import cache_capacity, prefill
-from dustin_runtime.io.files import FolderLock, check_resume_key
+from dustin_runtime.io.files import FolderLock, check_resume_key, input_hashes
 from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.pipeline import LoadedModel
 from dustin_runtime.sparse.config import SparseConfig
 from dustin_runtime.sparse.policies import POLICY_CLASSES, make_policy, policy_class
 from dustin_runtime.speculative import speculative_generate
 
-from .corpus import gutenberg_split
+from .corpus import book_paths, gutenberg_split
 from .jsonl import append_jsonl, repair_jsonl
 from .pg19 import iter_windows
 from .results import markdown_table, write_markdown, write_result_json
@@ -137,6 +137,7 @@ def run_acceptance(
     runs_path = Path(runs_path)
     with FolderLock(runs_path.parent):
         key = resume_key(cfg, configs, {"target": target.model_id, "draft": draft.model_id,
+                                        "inputs": input_hashes(book_paths(cfg.books_dir)),
                                         **dict(resume_key_extra or {})})
         check_resume_key(runs_path.with_name(runs_path.name.removesuffix(".runs.jsonl") + ".key.json"), key,
                          (runs_path,), restart=restart, where=str(runs_path))

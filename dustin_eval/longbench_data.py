@@ -11,6 +11,7 @@ as text); then the tokenizer's chat template, except on the few-shot and code ta
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,26 @@ def available_datasets(source: str | Path) -> list[str]:
         return [d for d in DATASETS if (src.folder / f"{d}.jsonl").is_file()]
     root = _cache_root(src)
     return [d for d in DATASETS if (root / d).is_dir()]
+
+
+def input_hashes(source: str | Path, datasets: Sequence[str]) -> dict[str, str]:
+    """{<dataset>.jsonl: its sha256} of the datasets a JSONL folder holds, or {dataset: the sha256
+    of its cached split's Arrow files' hashes}: the resume key's "inputs"."""
+    from dustin_runtime.io.files import sha256_file
+
+    src = _locate(source)
+    out = {}
+    for d in datasets:
+        files = ([src.folder / f"{d}.jsonl"] if src.folder is not None
+                 else sorted((_cache_root(src) / d).rglob("*.arrow")))
+        files = [f for f in files if f.is_file()]
+        try:
+            hashes = [sha256_file(f) for f in files]
+        except OSError as e:
+            raise DustinError(f"{source}: cannot read {d} ({e.strerror or e})") from None
+        if hashes:
+            out[f"{d}.jsonl" if src.folder is not None else d] = hashes[0] if len(hashes) == 1 else hashlib.sha256("".join(hashes).encode()).hexdigest()
+    return out
 
 
 def iter_records(source: str | Path, dataset: str) -> Iterator[dict]:

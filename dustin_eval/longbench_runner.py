@@ -25,7 +25,7 @@ from dustin_runtime.io.provenance import provenance
 from .generator import RuntimeGenerator, result_text
 from .jsonl import append_jsonl, read_jsonl, repair_jsonl
 from .longbench_config import DATASETS, max_new_tokens
-from .longbench_data import build_prompt, load_dataset, stop_ids
+from .longbench_data import build_prompt, input_hashes, load_dataset, stop_ids
 from .longbench_metrics import dataset_score, score_sample
 from .results import markdown_table, write_csv, write_markdown, write_result_json
 
@@ -126,7 +126,8 @@ def run_longbench(
         }
         key = {"policy": meta.policy, "budget": meta.budget, "target": meta.target, "draft": meta.draft,
                "max_length": max_length, "batch_size": batch_size,
-               "eos_ids": list(eos_ids), "chat_template_kwargs": chat_template_kwargs, **dict(resume_key or {})}
+               "eos_ids": list(eos_ids), "chat_template_kwargs": chat_template_kwargs,
+               "inputs": input_hashes(data_dir, datasets), **dict(resume_key or {})}
         if restart:
             (run_dir / "run.json").unlink(missing_ok=True)
         check_resume_key(run_dir / "key.json", key, tuple(sorted(run_dir.glob("*.jsonl"))), restart=restart,

@@ -18,7 +18,7 @@ import numpy as np
 
 from dustin_profile.plan import PolicyRun
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import FolderLock, check_resume_key
+from dustin_runtime.io.files import FolderLock, check_resume_key, input_hashes
 from dustin_runtime.io.provenance import provenance
 from dustin_runtime.model import Transformer
 from dustin_runtime.sparse.measures import PER_SEQUENCE
@@ -74,8 +74,9 @@ def run_pg19(
     out_dir = Path(out_dir)
     with FolderLock(out_dir):
         path = out_dir / f"records-{context}.jsonl"
+        books = book_paths(books_dir)
         key = {"context": context, "eval_tokens": eval_tokens, "gamma": gamma, "seed": seed,
-               "books": sorted(p.name for p in book_paths(books_dir)), **dict(resume_key or {})}
+               "books": [p.name for p in books], "inputs": input_hashes(books), **dict(resume_key or {})}
         check_resume_key(out_dir / f"records-{context}.key.json", key, (path,), restart=restart, where=str(path))
         _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
                seed, on_record, batch)

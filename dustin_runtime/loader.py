@@ -25,7 +25,7 @@ import torch
 
 from dustin_runtime.config import ModelConfig, config_from_hf
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import atomic_path, atomic_write
+from dustin_runtime.io.files import atomic_path, atomic_write, sha256_file
 from dustin_runtime.model import Transformer
 from dustin_runtime.packed import expand_getter
 from dustin_runtime.tp import TensorParallel, shard_config
@@ -281,14 +281,6 @@ def _gguf_cache_file(path: Path) -> Path:
     return cache_dir("gguf") / f"{path.stem}-{key}.safetensors"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _stamp_of(cached: Path) -> Path:
     return cached.with_suffix(".stamp.json")
 
@@ -304,7 +296,7 @@ def _cache_ok(cached: Path) -> bool:
             return False
         if st.st_mtime_ns == stamp["mtime_ns"]:
             return True
-        if _sha256(cached) != stamp["sha256"]:
+        if sha256_file(cached) != stamp["sha256"]:
             return False
         _write_stamp(cached, stamp["sha256"])
         return True
@@ -335,7 +327,7 @@ def _build_gguf_cache(path: Path, cached: Path) -> dict[str, torch.Tensor]:
         with atomic_path(cached) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
                       metadata={"config": json.dumps(meta["config"])})
-        _write_stamp(cached, _sha256(cached))
+        _write_stamp(cached, sha256_file(cached))
     except (OSError, DustinError):
         pass  # a read-only or full cache: use the tensors in memory
     return tensors

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -234,20 +235,47 @@ class FolderLock:
         os.close(fd)  # releases the flock
 
 
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def input_hashes(paths) -> dict[str, str]:
+    """{file name: sha256} of a run's input files (books, data files), for its resume key's
+    "inputs": a file changed under the same name is refused on resume, naming it."""
+    out = {}
+    for p in paths:
+        try:
+            out[Path(p).name] = sha256_file(p)
+        except OSError as e:
+            raise DustinError(f"{p}: cannot read ({e.strerror or e})") from None
+    return out
+
+
 def _show(v) -> str:
     s = json.dumps(v, sort_keys=True, default=str)
     return s if len(s) <= 40 else s[:37] + "..."
 
 
+_MERGED = ("runs", "inputs")  # the key's parts a later run may add to
+
+
 def _differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
     """(setting, old, new) for each differing leaf setting, nested ones as dotted paths; under
-    "runs" (label -> settings of one policy run) only labels both hold are compared: a run may add
-    policies or budgets."""
+    "runs" (label -> settings of one policy run) and "inputs" (file name -> sha256) only names
+    both hold are compared: a run may add policies, budgets or data files (and records made before
+    inputs were hashed resume on their names)."""
     out = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k), new.get(k)
+        if k == "inputs" and not prefix and a is None:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
-            if k == "runs" and not prefix:
+            if k in _MERGED and not prefix:
                 a, b = ({x: d[x] for x in set(a) & set(b)} for d in (a, b))
             out += _differences(a, b, f"{prefix}{k}.")
         elif a != b:
@@ -308,13 +336,21 @@ def _check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...], *,
                           "dustin or half-written), so their settings are unknown; pass --restart to discard them")
     if old is not None:
         diff = _differences(old if isinstance(old, dict) else {}, key)
+        changed = [(k.removeprefix("inputs."), a, b) for k, a, b in diff if k.startswith("inputs.")]
+        if changed:
+            name, a, b = changed[0]
+            more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
+            raise DustinError(f"{where} holds records made from another {name}{more}: its content changed (sha256 "
+                              f"{str(a)[:12]} -> {str(b)[:12]}); restore it, pass --restart to discard the records, "
+                              "or choose another output")
         if diff:
             shown = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff[:4])
             more = f" (+{len(diff) - 4} more)" if len(diff) > 4 else ""
             raise DustinError(f"{where} holds records made with other settings ({shown}{more}); "
                               "pass --restart to discard them, or choose another output")
-        if isinstance(old.get("runs"), dict) and isinstance(key.get("runs"), dict):
-            key["runs"] = {**old["runs"], **key["runs"]}
+        for part in _MERGED:
+            if isinstance(old.get(part), dict) and isinstance(key.get(part), dict):
+                key[part] = {**old[part], **key[part]}
         if key == old:
             return
     else:

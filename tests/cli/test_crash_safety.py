@@ -213,3 +213,38 @@ def test_zero_head_profile_is_written_with_a_warning_and_refused_for_dustin(cli,
     full = cli("decode", "--target", data["T"], "--draft", data["D"], "--prompt", "hi", "--max-new-tokens", "2",
                "--policy", "streamingllm", "--profile", out)  # its sinks and window still serve other policies
     assert full.returncode == 0, full.stderr
+
+
+def _flip_one_byte(path: Path) -> None:
+    b = bytearray(path.read_bytes())
+    b[len(b) // 2] = ord("x") if b[len(b) // 2] != ord("x") else ord("y")
+    path.write_bytes(bytes(b))
+
+
+def test_an_input_changed_under_its_name_is_refused_an_unchanged_one_resumes(cli, data, tmp_path,
+                                                                           assert_one_line_error):
+    import shutil
+
+    books, lb = tmp_path / "books", tmp_path / "lb-data"
+    shutil.copytree(data["books"], books)
+    shutil.copytree(data["lb"], lb)
+    pg = ["eval", "pg19", "--data", books, "--target", data["T"], "--draft", data["D"], "--context", "48",
+          "--eval-tokens", "10", "--windows", "1", "--policy", "full", "--out-dir", tmp_path / "pg"]
+    acc = ["eval", "acceptance", "--target", data["T"], "--draft", data["D"], "--data", books, "--contexts", "64",
+           "--windows", "1", "--max-new-tokens", "3", "--policy", "full", "--out", tmp_path / "acc" / "x"]
+    lbr = ["eval", "longbench", "--data", lb, "--datasets", "trec", "--target", data["T"], "--draft", data["D"],
+           "--policy", "full", "--limit", "1", "--out-dir", tmp_path / "lb"]
+    records = [tmp_path / "pg" / "records-48.jsonl", tmp_path / "acc" / "x.runs.jsonl",
+               tmp_path / "lb" / "predictions" / "full-full" / "trec.jsonl"]
+    for args in (pg, acc, lbr):
+        assert cli(*args).returncode == 0
+    before = [r.read_text() for r in records]
+    for args in (pg, acc, lbr):  # unchanged inputs: resumed, nothing recomputed
+        p = cli(*args)
+        assert p.returncode == 0, p.stderr
+    assert [r.read_text() for r in records] == before
+    _flip_one_byte(books / "b2.txt")
+    _flip_one_byte(lb / "trec.jsonl")
+    for args, name in ((pg, "b2.txt"), (acc, "b2.txt"), (lbr, "trec.jsonl")):
+        assert_one_line_error(cli(*args), f"made from another {name}", "content changed", "--restart", code=2)
+    assert [r.read_text() for r in records] == before  # the refusal touched nothing

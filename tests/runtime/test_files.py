@@ -10,7 +10,13 @@ import pytest
 
 from dustin_eval.jsonl import append_jsonl, read_jsonl, repair_jsonl
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import FolderLock, atomic_path, atomic_write, check_resume_key
+from dustin_runtime.io.files import (
+    FolderLock,
+    atomic_path,
+    atomic_write,
+    check_resume_key,
+    input_hashes,
+)
 
 
 def test_atomic_write_replaces_or_keeps(tmp_path):
@@ -85,6 +91,22 @@ def test_resume_key_refuses_other_settings_and_restart_discards(tmp_path):
     assert records.exists()
     check_resume_key(key_path, other, (records,), restart=True)
     assert not records.exists() and json.loads(key_path.read_text())["models"] == {"target": "u"}
+
+
+def test_resume_key_inputs_are_compared_by_content_and_added_to(tmp_path):
+    key_path, records = tmp_path / "k.json", tmp_path / "r.jsonl"
+    books = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for b in books:
+        b.write_text(f"the text of {b.name}\n")
+    check_resume_key(key_path, {"gamma": 4}, (records,))  # a key made before inputs were hashed
+    records.write_text('{"x": 1}\n')
+    check_resume_key(key_path, {"gamma": 4, "inputs": input_hashes(books[:1])}, (records,))  # resumes, hashed now
+    check_resume_key(key_path, {"gamma": 4, "inputs": input_hashes(books)}, (records,))  # another file: added
+    assert set(json.loads(key_path.read_text())["inputs"]) == {"a.txt", "b.txt"}
+    books[1].write_text("the text of b.txx\n")  # one byte
+    with pytest.raises(DustinError, match=r"made from another b.txt: its content changed.*--restart"):
+        check_resume_key(key_path, {"gamma": 4, "inputs": input_hashes(books[1:])}, (records,))
+    assert records.exists()
 
 
 def test_records_without_a_key_are_refused(tmp_path):
