@@ -52,8 +52,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 # Options shared by several commands, defined once (defaults stay with each command).
 Target = Annotated[str, typer.Option(help="Target: HF folder, .gguf file, cached hub id, 'smollm2', or random:<preset>.")]
 Draft = Annotated[str, typer.Option(help="Draft checkpoint (same tokenizer as the target).")]
-ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile of the target/draft pair (heads, sinks, "
-                                                  "window, m; default: profiles/<target>-<draft>.json if there).")]
+ProfileFile = Annotated[Path | None, typer.Option("--profile", help="The pair's profile (heads, sinks, window, m; eval "
+                                                  "default: runs/profile/<T>-<D>.json, profiles/<T>-<D>.json or profiles/<D>.json).")]
 Policy = Annotated[str, typer.Option("--policy", help="Policies, comma-separated: full, dustin, draft-only, "
                                      "target-only, streamingllm, quest, oracle ('all': every one).")]
 Budget = Annotated[str, typer.Option("--budget", help="Verification budgets S, comma-separated.")]

@@ -148,7 +148,8 @@ class E2EConfig:
             if v < 1:
                 raise DustinError(f"{name} must be >= 1, got {v}")
         if self.context < 2 * (self.gamma + 2):
-            raise DustinError(f"context {self.context} is too short for gamma {self.gamma}")
+            raise DustinError(f"context {self.context} is too short for gamma {self.gamma}: use --context >= "
+                              f"{2 * (self.gamma + 2)}")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             raise DustinError(f"alphas must lie in [0, 1], got {list(self.alphas)}")
         SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets
@@ -293,7 +294,8 @@ def load_pair(cfg: E2EConfig, tp=None) -> Pair:
     ids = tgt.tokenizer(read_filler(gutenberg_split("eval"), max_books=cfg.batch + 2),
                         add_special_tokens=False)["input_ids"]
     if len(ids) < cfg.batch * cfg.context:
-        raise DustinError(f"the eval books hold {len(ids)} tokens, fewer than batch x context")
+        raise DustinError(f"the eval books hold {len(ids)} tokens, fewer than batch x context: use a smaller "
+                          "--batch or --context")
     prompts = [ids[b * cfg.context:(b + 1) * cfg.context] for b in range(cfg.batch)]
     return Pair(tgt.model, drf.model, tgt.model_id, drf.model_id, False, prompts,
                 tuple(eos_ids(tgt.tokenizer, tgt.model.cfg.eos_token_ids)))
@@ -434,7 +436,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
     place in a tensor-parallel run of cfg.tp ranks)."""
     cfg.check()
     if not torch.cuda.is_available():
-        raise DustinError("dustin bench e2e needs a CUDA GPU")
+        raise DustinError("dustin bench e2e needs a CUDA GPU; on CPU, `make demo` checks correctness (the GPU "
+                          "speeds measured are in RESULTS.md)")
     from dustin_eval.bench_attention import copy_bandwidth_tbps
     from dustin_eval.tp_cost import step_costs
     from dustin_runtime.io.provenance import environment
