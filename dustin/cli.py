@@ -219,7 +219,7 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, budget=budget, sinks=sinks, window=window,
                         max_heads=max_heads, heldout=heldout_windows, max_refresh=max_refresh, dtype=dtype)
     res = run_profile(cfg, command=" ".join(["dustin", *sys.argv[1:]]), console=err_console, restart=restart,
-                      tp=group)
+                      tp=group, progress=render.progress)
     if res is not None:  # rank 0
         render.profile(res, cfg)
 
