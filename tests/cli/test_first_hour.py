@@ -54,14 +54,14 @@ def test_first_hour_in_a_fresh_clone_leaves_git_status_clean(make_tiny_hf, small
     made = clone / "runs" / "profile" / "target-draft.json"
     assert made.is_file()
     out = dustin("decode", *pair, "--profile", made, "--prompt", "The river", "--max-new-tokens", "8")
-    assert "dustin" in out  # the profile implies its policy
+    assert "policy dustin" in out  # the profile implies its policy
     pg19 = ("eval", "pg19", *pair, "--data", books, "--context", "48", "--eval-tokens", "10", "--windows", "1",
             "--budget", "40")
     dustin(*pg19)  # the pair's profile found at runs/profile/<target>-<draft>.json
     dustin(*pg19)  # resumed from its records
     dustin("eval", "acceptance", *pair, "--data", books, "--contexts", "64", "--budget", "40", "--windows", "1",
            "--max-new-tokens", "6")
-    assert (clone / "runs" / "pg19").is_dir() and any((clone / "runs" / "acceptance").glob("*.json"))
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone,
                             capture_output=True, text=True, check=True)
     assert status.stdout == "", status.stdout
+    assert (clone / "runs" / "pg19").is_dir() and any((clone / "runs" / "acceptance").glob("*.json"))
