@@ -425,7 +425,7 @@ def bench_e2e(
     gamma: Gamma = 4,
     policy: str | None = typer.Option(None, "--policy", help="ar (vanilla decoding), full (standard speculative "
                                       "decoding), dustin, streamingllm, quest; -vs: drafting over the verification "
-                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 4; "
+                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 4 (-xK: K); "
                                       "comma-separated (default: ar, full, "
                                       "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). S = 512, sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "

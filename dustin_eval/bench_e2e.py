@@ -65,6 +65,12 @@ EXACT_POLICIES = tuple(p + EXACT for p in (*TIMED, *_SPARSE_DRAFTED, *REFRESH_PO
 AGREE = ":agree="  # --acceptance SPEC:agree=P: the -x policies' replayed per-token agreement (random weights)
 
 
+def _plain_exact(name: str) -> str:
+    """-xK read as -x: the K is checked by `ExactConfig`."""
+    base, exact = split_exact(name)
+    return base + EXACT if exact.on else base
+
+
 def split_policy(name: str) -> tuple[str, bool, bool]:
     """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes); the
     exact-mode suffix (`EXACT`, last) is read by `split_exact`."""
@@ -116,7 +122,7 @@ class E2EConfig:
 
     def check(self) -> None:
         known = POLICIES + REFRESH_POLICIES + EXACT_POLICIES
-        bad = [p for p in self.policies if p not in known]
+        bad = [p for p in self.policies if _plain_exact(p) not in known]
         if bad:
             raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(known)}")
         if not self.policies:

@@ -162,7 +162,10 @@ def test_exact_policies_and_the_replayed_agreement():
     assert torch.equal(replay_counts("geometric:0.8:agree=0.9", 3, 50, 2, 1), replay_counts("geometric:0.8", 3, 50, 2, 1))
     with pytest.raises(DustinError, match="agree="):  # random weights agree on nothing: the agreement is replayed
         E2EConfig(policies=("ar", "dustin-vs-x")).check()
-    E2EConfig(policies=("ar", "full", "dustin-vs", "dustin-vs-x"), acceptance="geometric:0.8:agree=0.97").check()
+    E2EConfig(policies=("ar", "full", "dustin-vs", "dustin-vs-x", "dustin-vs-x3"),
+              acceptance="geometric:0.8:agree=0.97").check()
+    with pytest.raises(DustinError, match="unknown policies ar-x2"):
+        E2EConfig(policies=("ar-x2",), acceptance="geometric:0.8:agree=0.97").check()
     with pytest.raises(DustinError, match="unknown policies"):
         E2EConfig(policies=("ar-x",), acceptance="geometric:0.8:agree=0.97").check()
 
