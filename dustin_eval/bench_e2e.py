@@ -7,7 +7,7 @@ with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive dec
 whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
 verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
 times dustin with and without refresh side by side; a name ending in `-x` (dustin-x, dustin-vs-x, ...)
-runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 4 steps;
+runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 2 steps, -xK every K;
 with random weights the tokens each pass confirms are replayed from `--acceptance SPEC:agree=P`,
 each provisional token agreeing with probability P once the earlier ones did; the record adds
 `confirm_pass_ms`, the pass's graph alone). With preset shapes
