@@ -425,11 +425,12 @@ def bench_e2e(
     gamma: Gamma = 4,
     policy: str | None = typer.Option(None, "--policy", help="ar (vanilla decoding), full (standard speculative "
                                       "decoding), dustin, streamingllm, quest; -vs: drafting over the verification "
-                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 4; "
+                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 2 (-xK: K); "
                                       "comma-separated (default: ar, full, "
-                                      "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). S = 512, sinks 4, "
+                                      "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). Sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "
                                       "target and 2 draft KV heads over 2 layers, m = 112."),
+    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse policies."),
     refresh_layers: RefreshLayers = "",
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records; the -x policies add "
@@ -447,7 +448,7 @@ def bench_e2e(
     from dustin_eval import bench_e2e as be
 
     cfgs = be.configs(batch, context, alphas, policy, refresh_layers, tp, target=target, draft=draft, gamma=gamma,
-                      acceptance=acceptance, new_tokens=new_tokens, draft_vocab=draft_vocab, draft_lookup=draft_lookup)
+                      budget=budget, acceptance=acceptance, new_tokens=new_tokens, draft_vocab=draft_vocab, draft_lookup=draft_lookup)
     be.run_all(cfgs, " ".join(["dustin", *sys.argv[1:]]), _out(out_dir, "bench"), _start_tp(tp, "cuda"), render.e2e_record, render.e2e)
 
 

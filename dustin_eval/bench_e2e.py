@@ -7,7 +7,7 @@ with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive dec
 whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
 verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
 times dustin with and without refresh side by side; a name ending in `-x` (dustin-x, dustin-vs-x, ...)
-runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 4 steps;
+runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 2 steps, -xK every K;
 with random weights the tokens each pass confirms are replayed from `--acceptance SPEC:agree=P`,
 each provisional token agreeing with probability P once the earlier ones did; the record adds
 `confirm_pass_ms`, the pass's graph alone). With preset shapes
@@ -65,6 +65,12 @@ EXACT_POLICIES = tuple(p + EXACT for p in (*TIMED, *_SPARSE_DRAFTED, *REFRESH_PO
 AGREE = ":agree="  # --acceptance SPEC:agree=P: the -x policies' replayed per-token agreement (random weights)
 
 
+def _plain_exact(name: str) -> str:
+    """-xK read as -x: the K is checked by `ExactConfig`."""
+    base, exact = split_exact(name)
+    return base + EXACT if exact.on else base
+
+
 def split_policy(name: str) -> tuple[str, bool, bool]:
     """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes); the
     exact-mode suffix (`EXACT`, last) is read by `split_exact`."""
@@ -116,7 +122,7 @@ class E2EConfig:
 
     def check(self) -> None:
         known = POLICIES + REFRESH_POLICIES + EXACT_POLICIES
-        bad = [p for p in self.policies if p not in known]
+        bad = [p for p in self.policies if _plain_exact(p) not in known]
         if bad:
             raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(known)}")
         if not self.policies:
