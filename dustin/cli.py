@@ -52,8 +52,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 # Options shared by several commands, defined once (defaults stay with each command).
 Target = Annotated[str, typer.Option(help="Target: HF folder, .gguf file, cached hub id, 'smollm2', or random:<preset>.")]
 Draft = Annotated[str, typer.Option(help="Draft checkpoint (same tokenizer as the target).")]
-ProfileFile = Annotated[Path | None, typer.Option("--profile", help="Profile of the target/draft pair (heads, sinks, "
-                                                  "window, m; default: profiles/<target>-<draft>.json if there).")]
+ProfileFile = Annotated[Path | None, typer.Option("--profile", help="The pair's profile (heads, sinks, window, m; eval "
+                                                  "default: runs/profile/<T>-<D>.json, profiles/<T>-<D>.json or profiles/<D>.json).")]
 Policy = Annotated[str, typer.Option("--policy", help="Policies, comma-separated: full, dustin, draft-only, "
                                      "target-only, streamingllm, quest, oracle ('all': every one).")]
 Budget = Annotated[str, typer.Option("--budget", help="Verification budgets S, comma-separated.")]
@@ -219,7 +219,7 @@ def profile(
                         windows=windows, retrieval=retrieval_windows, budget=budget, sinks=sinks, window=window,
                         max_heads=max_heads, heldout=heldout_windows, max_refresh=max_refresh, dtype=dtype)
     res = run_profile(cfg, command=" ".join(["dustin", *sys.argv[1:]]), console=err_console, restart=restart,
-                      tp=group)
+                      tp=group, progress=render.progress)
     if res is not None:  # rank 0
         render.profile(res, cfg)
 
@@ -425,11 +425,12 @@ def bench_e2e(
     gamma: Gamma = 4,
     policy: str | None = typer.Option(None, "--policy", help="ar (vanilla decoding), full (standard speculative "
                                       "decoding), dustin, streamingllm, quest; -vs: drafting over the verification "
-                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 4; "
+                                      "set; -r: dustin with --refresh-layers; -x (last): exact mode, K = 2 (-xK: K); "
                                       "comma-separated (default: ar, full, "
-                                      "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). S = 512, sinks 4, "
+                                      "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). Sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "
                                       "target and 2 draft KV heads over 2 layers, m = 112."),
+    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse policies."),
     refresh_layers: RefreshLayers = "",
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records; the -x policies add "
@@ -447,7 +448,7 @@ def bench_e2e(
     from dustin_eval import bench_e2e as be
 
     cfgs = be.configs(batch, context, alphas, policy, refresh_layers, tp, target=target, draft=draft, gamma=gamma,
-                      acceptance=acceptance, new_tokens=new_tokens, draft_vocab=draft_vocab, draft_lookup=draft_lookup)
+                      budget=budget, acceptance=acceptance, new_tokens=new_tokens, draft_vocab=draft_vocab, draft_lookup=draft_lookup)
     be.run_all(cfgs, " ".join(["dustin", *sys.argv[1:]]), _out(out_dir, "bench"), _start_tp(tp, "cuda"), render.e2e_record, render.e2e)
 
 

@@ -153,7 +153,8 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
         windows = list(iter_windows(target.tokenizer, cfg.books_dir, n, seed=cfg.seed, max_windows=cfg.windows,
                                     max_windows_per_book=cfg.windows_per_book))
         if len(windows) < cfg.windows:
-            raise DustinError(f"{cfg.books_dir}: only {len(windows)} windows of {n} tokens")
+            raise DustinError(f"{cfg.books_dir}: only {len(windows)} windows of {n} tokens, {cfg.windows} asked: give "
+                              "--data more or longer books, or fewer --windows, or shorter --contexts")
         prompts = [w.ids for w in windows]
         todo = [(p, b) for p in order for b in (cfg.budgets if policy_class(p).budgeted else [None])
                 if (context, p, b) not in done]

@@ -216,7 +216,8 @@ def run_attention_bench(cfg: BenchConfig, command: str) -> dict:
 
     shp = attention_shape(cfg.shape)
     if not torch.cuda.is_available():
-        raise DustinError("dustin bench attention needs a CUDA GPU")
+        raise DustinError("dustin bench attention needs a CUDA GPU; on CPU, `make demo` checks correctness (the GPU "
+                          "speeds measured are in RESULTS.md)")
     B, H, G, D, M, S = cfg.batch, shp.heads, shp.kv_heads, shp.head_dim, cfg.gamma + 1, cfg.budget
     N = cfg.context
     n_max = N + M  # the runtime writes the M new tokens' K/V into the cache first

@@ -7,7 +7,7 @@ with CUDA graphs on, in one process on one GPU: `ar` (vanilla autoregressive dec
 whole cache; `dustin-r` and `dustin-vs-r` are dustin and dustin-vs with `refresh_layers` (the
 verification pass chooses the set again at those target layers, `--refresh-layers`), so one run
 times dustin with and without refresh side by side; a name ending in `-x` (dustin-x, dustin-vs-x, ...)
-runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 4 steps;
+runs it in exact mode (`dustin_runtime.exact`: a full-attention confirmation pass every K = 2 steps, -xK every K;
 with random weights the tokens each pass confirms are replayed from `--acceptance SPEC:agree=P`,
 each provisional token agreeing with probability P once the earlier ones did; the record adds
 `confirm_pass_ms`, the pass's graph alone). With preset shapes
@@ -65,6 +65,12 @@ EXACT_POLICIES = tuple(p + EXACT for p in (*TIMED, *_SPARSE_DRAFTED, *REFRESH_PO
 AGREE = ":agree="  # --acceptance SPEC:agree=P: the -x policies' replayed per-token agreement (random weights)
 
 
+def _plain_exact(name: str) -> str:
+    """-xK read as -x: the K is checked by `ExactConfig`."""
+    base, exact = split_exact(name)
+    return base + EXACT if exact.on else base
+
+
 def split_policy(name: str) -> tuple[str, bool, bool]:
     """A bench policy name -> (the runtime policy, drafts over the verification set, refreshes); the
     exact-mode suffix (`EXACT`, last) is read by `split_exact`."""
@@ -116,7 +122,7 @@ class E2EConfig:
 
     def check(self) -> None:
         known = POLICIES + REFRESH_POLICIES + EXACT_POLICIES
-        bad = [p for p in self.policies if p not in known]
+        bad = [p for p in self.policies if _plain_exact(p) not in known]
         if bad:
             raise DustinError(f"unknown policies {', '.join(bad)}; choose from {', '.join(known)}")
         if not self.policies:
@@ -148,7 +154,8 @@ class E2EConfig:
             if v < 1:
                 raise DustinError(f"{name} must be >= 1, got {v}")
         if self.context < 2 * (self.gamma + 2):
-            raise DustinError(f"context {self.context} is too short for gamma {self.gamma}")
+            raise DustinError(f"context {self.context} is too short for gamma {self.gamma}: use --context >= "
+                              f"{2 * (self.gamma + 2)}")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             raise DustinError(f"alphas must lie in [0, 1], got {list(self.alphas)}")
         SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets
@@ -293,7 +300,8 @@ def load_pair(cfg: E2EConfig, tp=None) -> Pair:
     ids = tgt.tokenizer(read_filler(gutenberg_split("eval"), max_books=cfg.batch + 2),
                         add_special_tokens=False)["input_ids"]
     if len(ids) < cfg.batch * cfg.context:
-        raise DustinError(f"the eval books hold {len(ids)} tokens, fewer than batch x context")
+        raise DustinError(f"the eval books hold {len(ids)} tokens, fewer than batch x context: use a smaller "
+                          "--batch or --context")
     prompts = [ids[b * cfg.context:(b + 1) * cfg.context] for b in range(cfg.batch)]
     return Pair(tgt.model, drf.model, tgt.model_id, drf.model_id, False, prompts,
                 tuple(eos_ids(tgt.tokenizer, tgt.model.cfg.eos_token_ids)))
@@ -434,7 +442,8 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
     place in a tensor-parallel run of cfg.tp ranks)."""
     cfg.check()
     if not torch.cuda.is_available():
-        raise DustinError("dustin bench e2e needs a CUDA GPU")
+        raise DustinError("dustin bench e2e needs a CUDA GPU; on CPU, `make demo` checks correctness (the GPU "
+                          "speeds measured are in RESULTS.md)")
     from dustin_eval.bench_attention import copy_bandwidth_tbps
     from dustin_eval.tp_cost import step_costs
     from dustin_runtime.io.provenance import environment

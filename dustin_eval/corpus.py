@@ -20,7 +20,8 @@ def book_paths(books_dir: str | Path) -> list[Path]:
     books_dir = Path(books_dir)
     paths = sorted(books_dir.glob("*.txt")) if books_dir.is_dir() else []
     if not paths:
-        raise DustinError(f"no .txt books in {books_dir}")
+        raise DustinError(f"no .txt books in {books_dir}: give --data a folder of plain-text books, one a .txt "
+                          "file (the defaults, ../shared/corpus/gutenberg/{train,calib,eval} beside the repository, hold them)")
     return paths
 
 

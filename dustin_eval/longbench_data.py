@@ -115,7 +115,8 @@ def iter_records(source: str | Path, dataset: str) -> Iterator[dict]:
     if src.folder is not None:
         path = src.folder / f"{dataset}.jsonl"
         if not path.is_file():
-            raise DustinError(f"{path} not found (LongBench v1 JSONL files, one per dataset)")
+            raise DustinError(f"{path} not found (LongBench v1 JSONL files, one per dataset); this folder holds "
+                              f"{', '.join(available_datasets(source)) or 'none'}: name those in --datasets")
         yield from iter_jsonl(path)
         return
     datasets = _datasets()

@@ -320,7 +320,8 @@ def sources(data: str | None, datasets: str | None) -> tuple[str, list[str]]:
         raise DustinError(f"unknown LongBench dataset(s) {', '.join(unknown) or repr(datasets)}; "
                           f"known: {', '.join(DATASETS)}")
     if not names:
-        raise DustinError(f"{data}: none of the 16 English LongBench datasets is there")
+        raise DustinError(f"{data}: none of the 16 English LongBench datasets is there (expected <dataset>.jsonl "
+                          "files, e.g. multi_news.jsonl, as in ../shared/longbench)")
     return data, names
 
 

@@ -87,7 +87,7 @@ def make_passkey_prompt(
     if filler_len < 0:
         raise DustinError(
             f"passkey context {context_tokens} tokens is shorter than the instruction, needle and "
-            f"question ({context_tokens - filler_len} tokens)"
+            f"question ({context_tokens - filler_len} tokens); use --contexts >= {context_tokens - filler_len}"
         )
     filler = _filler_ids(tokenizer, filler_text, filler_len, seed) if filler_len else []
     k = round(depth * filler_len)

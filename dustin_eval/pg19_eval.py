@@ -70,6 +70,7 @@ def run_pg19(
     if context + eval_tokens > target.cfg.max_position_embeddings:
         raise DustinError(
             f"context {context} + eval tokens {eval_tokens} exceed the model's {target.cfg.max_position_embeddings}"
+            f" positions: use --context <= {target.cfg.max_position_embeddings - eval_tokens} or fewer --eval-tokens"
         )
     out_dir = Path(out_dir)
     with FolderLock(out_dir):

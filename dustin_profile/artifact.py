@@ -26,6 +26,7 @@ from dustin_runtime.sparse.config import (
 )
 
 SCHEMA_VERSION = 8
+MAKE = "make one with `dustin profile --target T --draft D` (it writes runs/profile/<T>-<D>.json)"  # the fix named
 READS = (1, 2, 3, 5, 6, 7, 8)  # 1: no held-out figures; 2: no refresh layers; 3-7: fields of dropped features
 # A field of a dropped feature (schemas 2-7) -> (its value when unused, the feature): ignored when unused.
 DROPPED = {"groups": ([], "layer groups (--max-groups)"), "draft_group": (0, "layer groups (--max-groups)"),
@@ -219,7 +220,7 @@ def profile_from_dict(d: dict, source: str = "profile") -> Profile:
     version = d.get("schema_version")
     if version not in READS or isinstance(version, bool):
         raise DustinError(f"{source}: schema_version {version!r} is not supported (this dustin reads "
-                          f"{', '.join(map(str, READS))})")
+                          f"{', '.join(map(str, READS))}); {MAKE.replace('make one', 'profile the pair again')}")
     for key, (unused, feature) in DROPPED.items():
         if key in d and d[key] != unused:
             raise DustinError(f"{source} uses {feature}, which dustin no longer has (RESULTS.md, tried and dropped, names the "
@@ -272,7 +273,7 @@ def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile JSON file."""
     path = Path(path)
     if not path.is_file():
-        raise DustinError(f"{path}: no such profile file")
+        raise DustinError(f"{path}: no such profile file; {MAKE}")
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -297,6 +298,8 @@ def check_models(prof: Profile, target: ModelInfo, draft: ModelInfo, source: str
     for who, want, got in (("target", prof.target, target), ("draft", prof.draft, draft)):
         if want.config_hash != got.config_hash:
             raise DustinError(f"{source} was made for {who} {want.id} ({want.num_layers} layers, "
-                              f"{want.num_heads} heads), not {got.id} ({got.num_layers} layers, {got.num_heads} heads)")
+                              f"{want.num_heads} heads), not {got.id} ({got.num_layers} layers, {got.num_heads} heads): "
+                              f"give this pair's profile, or {MAKE}")
         if want.tokenizer_hash != got.tokenizer_hash:
-            raise DustinError(f"{source} was made for a {who} with another tokenizer ({want.id})")
+            raise DustinError(f"{source} was made for a {who} with another tokenizer ({want.id}): give this pair's "
+                              f"profile, or {MAKE}")

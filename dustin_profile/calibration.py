@@ -53,7 +53,8 @@ def _files(spec: str) -> list[Path]:
         return [p]
     hits = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
     if not hits:
-        raise DustinError(f"{spec}: no such calibration file or folder")
+        raise DustinError(f"{spec}: no such calibration file or folder (--calib takes .txt, .md, .jsonl or "
+                          ".parquet files, folders or globs; default ../shared/corpus/gutenberg/calib)")
     return hits
 
 
@@ -95,7 +96,7 @@ def read_documents(specs: list[str] | tuple[str, ...], text_field: str = "text")
             else:
                 docs.extend(Document(f"{f}:{i}", t) for i, t in enumerate(_records(f, text_field)))
     if not docs:
-        raise DustinError("no calibration documents")
+        raise DustinError("no calibration documents: give --calib files or folders holding text")
     return docs
 
 
@@ -158,7 +159,7 @@ def verification_positions(context: int, gamma: int, per_window: int) -> list[in
     pos = [context - j * stride for j in range(per_window)]
     if pos[-1] < 2 * m:
         raise DustinError(f"--context {context} is too short for {per_window} verification positions "
-                          f"with gamma {gamma}")
+                          f"with gamma {gamma}: use --context >= {(per_window + 1) * m}")
     return pos
 
 
@@ -191,7 +192,8 @@ def retrieval_window(tokenizer, docs: list[Document], context: int, extra: int, 
     prefix = tokenizer_prefix(tokenizer)
     n_fill = context - len(prefix) - len(needle) - len(question)
     if n_fill < 16:
-        raise DustinError(f"--context {context} is too short for a retrieval window")
+        raise DustinError(f"--context {context} is too short for a retrieval window: use --context >= "
+                          f"{context - n_fill + 16} or --retrieval-windows 0")
     prose = cut_windows(tokenizer, docs, 1, len(prefix) + n_fill + extra, seed=rng.randrange(1 << 30))[0]
     filler = list(prose.tokens[len(prefix):])  # [n_fill + extra]
     k = int(rng.uniform(0.05, 0.95) * n_fill)

@@ -9,7 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from dustin_profile.artifact import Profile, check_models, config_hash, load_profile, model_info
+from dustin_profile.artifact import (
+    MAKE,
+    Profile,
+    check_models,
+    config_hash,
+    load_profile,
+    model_info,
+)
 from dustin_runtime.errors import MAX_TOKENS, DustinError
 from dustin_runtime.sparse.config import DEFAULT_SINKS, DEFAULT_WINDOW, DRAFT_KV, SparseConfig
 from dustin_runtime.sparse.policies import policy_class
@@ -115,7 +122,8 @@ def plan_sparse(policy: str, profile: LoadedProfile | str | Path | None, budget:
         raise DustinError(f"--draft-kv {draft_kv!r}: choose one of {', '.join(DRAFT_KV)}")
     prof = profile.profile if profile else None
     if cls.needs_heads and prof is None and not all_heads:
-        raise DustinError(f"policy {policy} needs retrieval heads: give --profile (or --all-heads for every head)")
+        raise DustinError(f"policy {policy} needs retrieval heads: give --profile (the pair's profile); without one, "
+                          f"{MAKE}")
     sinks = sinks if sinks is not None else prof.sinks if prof else DEFAULT_SINKS
     window = window if window is not None else prof.window if prof else DEFAULT_WINDOW
     if draft_kv == "verify-set" and not cls.one_set:
@@ -247,12 +255,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pair_profile(profile: str | Path | None, target: str, draft: str, policies: Sequence[str]) -> Path | None:
-    """--profile, else the committed profile of the pair (profiles/<target>-<draft>.json) where a
-    policy needs retrieval heads and there is one."""
+    """--profile, else where a policy needs retrieval heads the pair's profile: the one `dustin
+    profile` wrote by default (runs/profile/<target>-<draft>.json), else the committed one
+    (profiles/<target>-<draft>.json, or profiles/<draft>.json as for the embedded pair)."""
     if profile is not None or not any(policy_class(p).needs_heads for p in policies):
         return None if profile is None else Path(profile)
-    found = REPO / "profiles" / f"{Path(target).name}-{Path(draft).name}.json"
-    return found if found.is_file() else None
+    t, d = Path(target).name, Path(draft).name
+    found = [p for p in (Path("runs") / "profile" / f"{t}-{d}.json", REPO / "profiles" / f"{t}-{d}.json",
+                         REPO / "profiles" / f"{d}.json") if p.is_file()]
+    return found[0] if found else None
 
 
 def plan_options(policy: str, budget: str, profile, target: str, draft: str, draft_kv: str | None = None,

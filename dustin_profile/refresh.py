@@ -46,7 +46,8 @@ def scored_tokens(total: int, gamma: int, tokens: int = EVAL_TOKENS) -> int:
     w = gamma + 1
     n = min(max(1, tokens // w), (total - (gamma + 2)) // w)
     if n < 1:
-        raise DustinError(f"windows of {total} tokens are too short to score a verification window of {w} tokens")
+        raise DustinError(f"windows of {total} tokens are too short to score a verification window of {w} tokens: "
+                          "use a longer --context")
     return n * w
 
 

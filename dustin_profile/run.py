@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -230,28 +231,21 @@ def stack_windows(recs: list[dict], budgets: tuple[int, ...], retrieval: int = 0
     return CalibStats(quest_budgets=tuple(budgets), weight=weight, **cat)
 
 
-def _progress(console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    # off when the console is no terminal: a log gets the summary lines, an error stays one line
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=False, disable=not console.is_terminal)
+@contextmanager
+def _silent(label: str, total: int | None):
+    """No progress shown (a library call): the `progress` of `run_profile` when none is given."""
+    yield lambda *_: None
 
 
 def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart: bool = False,
-                tp=None) -> RunResult | None:
+                tp=None, progress=None) -> RunResult | None:
     """Profile a target/draft pair and write the artifact (see the module docstring). The work
     folder `<out>.work/` is locked for the run: a second run on the same --out is refused. Under
     `tp` (a `TensorParallel`, every rank calling) the target is sharded by KV heads and the draft
     replicated; each window's record is gathered onto every rank (`record_window`), rank 0 runs the
-    search and alone writes (the lock, the windows, the artifact); other ranks return None."""
+    search and alone writes (the lock, the windows, the artifact); other ranks return None.
+    `progress(label, total)`: the caller's progress display (the CLI's `render.progress`, a line per
+    recorded window and per search round off a terminal), a context yielding a tick per unit."""
     if tp is not None and cfg.max_refresh:
         raise DustinError("--max-refresh runs in one process for now: profile without --tp, or without it")
     from rich.console import Console
@@ -263,7 +257,7 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
         for f in out.parent.glob(f".{out.name}.*"):  # the JSON's temp file, if a kill cut its write
             if TEMP_NAME.match(f.name):
                 f.unlink(missing_ok=True)
-        return _run(cfg, command, console, restart, tp)
+        return _run(cfg, command, console, restart, tp, progress or _silent)
 
 
 def _publish(out: Path, prof: Profile, stage: Path) -> Profile:
@@ -275,7 +269,7 @@ def _publish(out: Path, prof: Profile, stage: Path) -> Profile:
     return prof
 
 
-def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp=None) -> RunResult | None:
+def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp, progress) -> RunResult | None:
     from dustin_runtime import pipeline
     from dustin_runtime.loader import read_config, resolve_checkpoint
     from dustin_runtime.tokenizer import check_same_vocab, vocab_hash
@@ -315,8 +309,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp=None) -> R
     _open_work(work, record_key(cfg, tinfo, dinfo, dtype, device), restart)
     recs, recorded = [], 0
     t_rec = time.perf_counter()
-    with _progress(console) as bar:
-        task = bar.add_task("recording windows", total=len(windows))
+    with progress("profile windows", len(windows)) as tick:
         for i, w in enumerate(windows):
             path = work / f"w{i:03d}.pt"
             whash = cal.windows_hash([w])
@@ -324,7 +317,6 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp=None) -> R
             if tp is not None and tp.all_reduce_(torch.tensor([float(rec is None)], device=device), "max").item():
                 rec = None  # recorded by every rank together when any lacks it
             if rec is None:
-                bar.update(task, description=f"recording window {i + 1}/{len(windows)} ({Path(w.source).name[:32]})")
                 rec = record_window(tgt.model, drf.model, w.tokens, positions, gamma=cfg.gamma,
                                     quest_budgets=cfg.all_budgets, verify_tokens=cfg.verify_tokens,
                                     prefill_chunk=cfg.prefill_chunk, sinks=cfg.sinks, window=cfg.window,
@@ -335,7 +327,7 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp=None) -> R
                     torch.save(rec, tmp)
                 recorded += 1
             recs.append(rec)
-            bar.advance(task)
+            tick()
     t_rec = time.perf_counter() - t_rec
     if tp is not None and tp.rank != 0:
         return None  # the rest (search, tables, artifact) is rank 0's: no collective follows
@@ -347,13 +339,8 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp=None) -> R
     cands = candidates_of(drf.model.cfg, "draft") + candidates_of(tgt.model.cfg, "target")
     scfg = SearchConfig(cfg.budget, cfg.sinks, cfg.window, cfg.max_heads, cfg.epsilon, cfg.m_points)
     t_search = time.perf_counter()
-    with _progress(console) as bar:
-        task = bar.add_task("greedy search", total=len(cands))
-
-        def tick(r, done, total):
-            bar.update(task, description=f"greedy search, round {r}", completed=done, total=total)
-
-        res = greedy_search(stats, cands, scfg, progress=tick)
+    with progress("greedy search rounds", None) as tick:  # a tick when a round has scored every candidate
+        res = greedy_search(stats, cands, scfg, progress=lambda r, done, total: done == total and tick())
     sweep = budget_sweep(stats, cands, res.chosen, list(cfg.all_budgets), cfg.sinks, cfg.window, cfg.m_points)
     t_search = time.perf_counter() - t_search
     arr, m = sweep[cfg.budget]

@@ -42,7 +42,8 @@ def read_counts(path: Path) -> tuple[dict, torch.Tensor]:
     if not isinstance(meta, dict) or meta.get("kind") != "token-counts":
         raise DustinError(f"{path}: not a token-counts artifact (kind {meta.get('kind') if isinstance(meta, dict) else None!r})")
     if meta.get("schema_version") != 1:
-        raise DustinError(f"{path}: token-counts schema_version {meta.get('schema_version')!r}; this dustin reads 1")
+        raise DustinError(f"{path}: token-counts schema_version {meta.get('schema_version')!r}; this dustin reads 1 "
+                          "(count again with `dustin profile vocab --draft D`)")
     table = Path(path).parent / str(meta.get("table", ""))
     try:
         t = pq.read_table(table, columns=["token_id", "count"]).to_pydict()
@@ -77,7 +78,7 @@ def subset_for(spec: str, vocab_size: int, tokenizer=None, keep: tuple[int, ...]
 
         if meta.get("tokenizer_hash") != vocab_hash(tokenizer):
             raise DustinError(f"{path}: counted with another tokenizer (hash {meta.get('tokenizer_hash')}) than "
-                              f"the draft's ({vocab_hash(tokenizer)})")
+                              f"the draft's ({vocab_hash(tokenizer)}): count again with `dustin profile vocab --draft D`")
     if counts.numel() > vocab_size:
         raise DustinError(f"{path}: {counts.numel()} token ids, more than the draft's {vocab_size} rows")
     return top_ids(counts, k, keep)

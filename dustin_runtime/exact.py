@@ -52,8 +52,8 @@ from dustin_runtime.errors import DustinError
 from dustin_runtime.sampling import argmax, probs_from_logits, sample
 
 K_MAX = 6  # the confirmation pass's rows grow as K (gamma + 1): 20 rows a sequence is past the verify graph's cliff
-DEFAULT_K = 4  # the issue's cost model: ~2.6x vanilla / 1.5x standard speculative decoding at 7B, 32k, batch 16
-SUFFIX = "-x"  # a policy name's suffix for exact mode at DEFAULT_K (dustin-x, dustin-vs-x, quest-x, ...)
+DEFAULT_K = 2  # measured best of K = 2, 3, 4 at 7B / 0.5B, 32k, batch 16, H200 (results/speed-exact): 1.10x / 1.03x / 0.95x standard speculative
+SUFFIX = "-x"  # a policy name's suffix for exact mode: -x at DEFAULT_K, -xK at K (dustin-x, dustin-vs-x3, ...)
 KINDS = ("draft", "correction")  # an accepted draft; the token the target chose after them (correction or bonus)
 
 
@@ -77,9 +77,14 @@ class ExactConfig:
 
 
 def split_exact(name: str) -> tuple[str, ExactConfig]:
-    """A policy name -> (the plain policy's name, its exact mode: K = DEFAULT_K with the suffix, else off)."""
-    if name.endswith(SUFFIX):
-        return name.removesuffix(SUFFIX), ExactConfig(DEFAULT_K)
+    """A policy name -> (the plain policy's name, its exact mode: K = DEFAULT_K with the -x suffix,
+    K with -xK, else off)."""
+    head, sep, k = name.rpartition(SUFFIX)
+    if sep and head and (k == "" or k.isdigit()):
+        if k and not 1 <= int(k) <= K_MAX:
+            raise DustinError(f"policy {name}: exact mode confirms every K = 1 ... {K_MAX} steps ({SUFFIX} is K = "
+                              f"{DEFAULT_K})")
+        return head, ExactConfig(int(k) if k else DEFAULT_K)
     return name, ExactConfig()
 
 

@@ -45,7 +45,7 @@ def check_prompts(prompts: list[list[int]], max_new: list[int], model: Transform
         if len(p) + m > limit:
             raise DustinError(
                 f"prompt {i} has {len(p)} tokens; with {m} new tokens it exceeds the model's "
-                f"context of {limit} tokens"
+                f"context of {limit} tokens: shorten it to {limit - m} tokens or ask fewer new tokens"
             )
         if max(p) >= model.cfg.vocab_size or min(p) < 0:
             raise DustinError(f"prompt {i} has token ids outside the vocabulary ({model.cfg.vocab_size})")

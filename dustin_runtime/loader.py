@@ -120,7 +120,8 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
             return Checkpoint("gguf", ggufs[0], spec)
-        raise DustinError(f"{spec}: no config.json (and not exactly one .gguf file) in this folder")
+        raise DustinError(f"{spec}: no config.json (and not exactly one .gguf file) in this folder; give a Hugging "
+                          "Face checkpoint folder (config.json, *.safetensors, tokenizer.json) or one .gguf file")
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         try:
             from huggingface_hub import snapshot_download
@@ -133,7 +134,8 @@ def resolve_checkpoint(spec: str) -> Checkpoint:
             ) from None
         return Checkpoint("hf", Path(folder), spec)
     if os.sep in spec or spec.startswith((".", "~")):
-        raise DustinError(f"{spec}: no such checkpoint folder or file")
+        raise DustinError(f"{spec}: no such checkpoint folder or file (give a Hugging Face folder with config.json, a "
+                          "GGUF file, a hub id in the local cache such as Qwen/Qwen2.5-7B-Instruct, or smollm2)")
     from dustin_runtime import hub
 
     repo, folder = hub.resolve(spec)  # a short hub id (e.g. Qwen2.5-72B) in the local cache

@@ -117,7 +117,7 @@ def encode(tokenizer, text: str, *, chat: bool = False, system: str | None = Non
     """Token ids of a prompt; with `chat`, wrapped in the tokenizer's chat template as one user turn
     with the generation prompt appended."""
     if not text or not text.strip():
-        raise DustinError("empty prompt")
+        raise DustinError("empty prompt: give --prompt some text (or a --prompts file holding text)")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise DustinError("this tokenizer has no chat template; drop --chat")

@@ -116,7 +116,7 @@ def shard_config(cfg: ModelConfig, tp: TensorParallel | None) -> ModelConfig:
                           f"(attention is split by KV heads): use a --tp that divides {cfg.num_kv_heads}")
     if cfg.intermediate_size % P:
         raise DustinError(f"--tp {P} does not divide the MLP width (intermediate_size) {cfg.intermediate_size} "
-                          f"of {cfg.name or cfg.arch}")
+                          f"of {cfg.name or cfg.arch}: use a --tp that divides it")
     per = padded_vocab(cfg.vocab_size, P) // P
     if (P - 1) * per >= cfg.vocab_size:
         raise DustinError(f"--tp {P} leaves a rank no row of the vocabulary of {cfg.vocab_size}: use a smaller --tp")

@@ -2,9 +2,7 @@
 (gamma 4: M = 5, 10, 20) at the 7B target's shape (28 q / 4 KV heads, D 128), batch 16, 32k, H200.
 Times the launcher's defaults and a grid of its tuning keywords at M = 20, and the pass split into
 row chunks (the second chunk attends the first through the cache), to find why the 20-row pass
-costs more than 4 / 1.4 times the 5-row one. Usage (GPU): python probes/probe_confirm_attention.py [OUT]
-`--tiles [OUT]`: the query rows of a group split over programs (`row_tiles`) x warps x block_n x stages x
-splits at M = 5, 10, 20, 24, to choose the launcher's row-tile rule."""
+costs more than 4 / 1.4 times the 5-row one. Usage (GPU): python probes/probe_confirm_attention.py"""
 
 from __future__ import annotations
 
@@ -59,39 +57,5 @@ def main() -> None:
               sys.stdout if len(sys.argv) < 2 else open(sys.argv[1], "w"), indent=1)
 
 
-def _time(q, k, v, lens, t, nw, bn, ns, n_sp):
-    try:
-        return graph_us(lambda i: full_verify_attention(q, k, v, lens, row_tiles=t, num_warps=nw, block_n=bn,
-                                                        num_stages=ns, num_splits=n_sp))
-    except Exception as e:  # noqa: BLE001 (an out-of-resources configuration)
-        return f"{type(e).__name__}"
-
-
-def tiles() -> None:
-    torch.manual_seed(0)
-    dev = "cuda"
-    k = torch.randn(B, G, N + 64, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    lens = torch.full((B,), N, dtype=torch.int32, device=dev)
-    rows = {}
-    for m in (5, 10, 20, 24):
-        q = torch.randn(B, H, m, D, device=dev, dtype=torch.bfloat16)
-        rows[f"M={m} default"] = graph_us(lambda i, q=q: full_verify_attention(q, k, v, lens))
-        cfgs = list(itertools.product((1, 2, 3, 4, 5) if m >= 10 else (1, 2), (4, 8), (32, 64), (2, 3)))
-        for t, nw, bn, ns in cfgs:
-            rows[f"M={m} tiles {t} warps {nw} block_n {bn} stages {ns}"] = _time(q, k, v, lens, t, nw, bn, ns, None)
-        best = min((us, n) for n, us in rows.items() if n.startswith(f"M={m} tiles") and not isinstance(us, str))
-        t, nw, bn, ns = (int(x) for x in best[1].split()[2::2])
-        auto = max(1, round(6 * 132 / (B * G * t)))
-        for f in (0.5, 2.0):  # the split count around the ~6 programs per SM rule
-            rows[f"{best[1]} splits {round(auto * f)}"] = _time(q, k, v, lens, t, nw, bn, ns, round(auto * f))
-        print(f"M={m}: default {rows[f'M={m} default']:.1f} us, best {best[0]:.1f} us ({best[1]}, "
-              f"splits x0.5 {rows[f'{best[1]} splits {round(auto * 0.5)}']}, x2 {rows[f'{best[1]} splits {round(auto * 2)}']})",
-              flush=True)
-    out = sys.argv[2] if len(sys.argv) > 2 else None
-    json.dump({"shape": {"B": B, "H": H, "G": G, "D": D, "context": N}, "us": rows},
-              sys.stdout if out is None else open(out, "w"), indent=1)
-
-
 if __name__ == "__main__":
-    tiles() if sys.argv[1:2] == ["--tiles"] else main()
+    main()

@@ -556,7 +556,8 @@ class DustinPolicy(SignalPolicy):
     @staticmethod
     def config(cfg, target, draft):
         if (cfg.m > 0 and not cfg.draft_heads) or (cfg.m < cfg.free and not cfg.target_heads):
-            raise DustinError("policy dustin needs retrieval heads: give --profile (or --all-heads for every head)")
+            raise DustinError("policy dustin needs retrieval heads: give --profile (the pair's profile); "
+                              "`dustin profile --target T --draft D` makes one")
         return cfg
 
 

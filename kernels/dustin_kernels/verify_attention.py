@@ -83,7 +83,7 @@ def _update(q, k, v, allowed, m_i, l_i, acc, qk_scale, DT: tl.constexpr, PREC: t
 @triton.jit
 def _verify_attn_kernel(
     Q, K, V, KN, VN, IDX, LENS, OUT, WACC, WML, LOCKS, ROPE, QO,
-    qk_scale, n_cols, chunk, n_splits, n_rope, tile_rows,
+    qk_scale, n_cols, chunk, n_splits, n_rope,
     sqb, sqh, sqm, sqd,
     skb, skg, skn, skd,
     svb, svg, svn, svd,
@@ -95,22 +95,20 @@ def _verify_attn_kernel(
     G: tl.constexpr, HG: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_NEW: tl.constexpr,
     SPARSE: tl.constexpr, NEW_IN_CACHE: tl.constexpr, PREC: tl.constexpr, GDC: tl.constexpr = False,
-    ROPE_QKV: tl.constexpr = False, EARLY: tl.constexpr = False, TILES: tl.constexpr = 1,
+    ROPE_QKV: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
-    split = tl.program_id(0) // TILES  # the TILES row tiles of one split are adjacent: they share K/V in L2
-    t = tl.program_id(0) % TILES
+    split = tl.program_id(0)
     g = tl.program_id(1)
     b = tl.program_id(2)
     b64 = b.to(tl.int64)
     g64 = g.to(tl.int64)
     DT: tl.constexpr = K.dtype.element_ty
 
-    rl = tl.arange(0, BLOCK_Q)  # row of this tile: query row t * tile_rows + rl = local head * M + query index
+    rl = tl.arange(0, BLOCK_Q)  # query row = local head * M + query index
     rd = tl.arange(0, BLOCK_D)
-    r = t * tile_rows + rl
-    qrow = (rl < tile_rows) & (r < HG * M)
-    mq = r % M
-    hq = g * HG + r // M
+    qrow = rl < HG * M
+    mq = rl % M
+    hq = g * HG + rl // M
     dmask = rd < D
     qmask = qrow[:, None] & dmask[None, :]  # [BQ, BD]
 
@@ -158,17 +156,15 @@ def _verify_attn_kernel(
         x = tl.load(xq + hq[:, None] * D + rd[None, :], mask=qmask, other=0.0).to(tl.float32)
         xp = tl.load(xq + hq[:, None] * D + part[None, :], mask=qmask, other=0.0).to(tl.float32)
         q = (x * cq + sgn * xp * sq).to(DT)  # [BQ, BD], rounded as the rope kernel stores it
-        if split == 0:  # each tile its own rows
+        if split == 0:
             tl.store(QO + b64 * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd, q, mask=qmask)
         xn = Q + b64 * sxb + rn[:, None] * sxm
         xk = tl.load(xn + (HG * G + g) * D + rd[None, :], mask=nmask, other=0.0).to(tl.float32)
         xkp = tl.load(xn + (HG * G + g) * D + part[None, :], mask=nmask, other=0.0).to(tl.float32)
         k_new = (xk * ck + sgn * xkp * sk).to(DT)
         v_new = tl.load(xn + (HG * G + G + g) * D + rd[None, :], mask=nmask, other=0.0).to(DT)
-        n_write = n_new - n_new * tl.minimum(t, 1)  # split 0 only (n_new = 0 elsewhere), its first tile
-        wmask = (rn < n_write)[:, None] & dmask[None, :]
-        tl.store(kb + npos * skn + rd[None, :] * skd, k_new, mask=wmask)
-        tl.store(vb + npos * svn + rd[None, :] * svd, v_new, mask=wmask)
+        tl.store(kb + npos * skn + rd[None, :] * skd, k_new, mask=nmask)  # split 0 only (n_new = 0 elsewhere)
+        tl.store(vb + npos * svn + rd[None, :] * svd, v_new, mask=nmask)
         k_new = k_new.to(tl.float32)
         v_new = v_new.to(tl.float32)
     else:
@@ -214,7 +210,7 @@ def _verify_attn_kernel(
     if n_splits == 1:  # an int argument equal to 1 is specialised: this branch folds at compile time
         tl.store(optrs, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=omask)
     else:
-        pair = (b * G + g) * TILES + t  # partials and tickets per (b, g, row tile)
+        pair = b * G + g
         slot = (pair * n_splits + split).to(tl.int64)
         wq = rl[:, None] * BLOCK_D + rd[None, :]
         tl.store(WACC + slot * (BLOCK_Q * BLOCK_D) + wq, acc, mask=omask)
@@ -261,47 +257,39 @@ def _check(q, k_cache, v_cache, cache_lens, k_new, v_new):
     return B, H, M, D, G
 
 
-def _row_tiles(rows: int) -> int:
-    """Row tiles for the HG * M query rows of a KV group: tiles of at most 64 rows (provisional rule)."""
-    return 1 if rows <= 64 else cdiv(rows, 64)
-
-
 def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, out,
-            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None, early=None, row_tiles=None):
+            sparse, num_splits, block_n, num_warps, num_stages, qkv=None, rope=None, early=None):
     """With `qkv` and `rope`: q is the buffer the kernel writes the RoPE'd queries into."""
     B, H, M, D, G = _check(q, k_cache, v_cache, cache_lens, k_new, v_new)
     HG = H // G
-    tiles = _row_tiles(HG * M) if row_tiles is None else int(row_tiles)
-    require(1 <= tiles <= HG * M, f"row_tiles must be in [1, {HG * M}] (the query rows of a KV group), got {tiles}")
-    tile_rows = cdiv(HG * M, tiles)
-    tiles = cdiv(HG * M, tile_rows)  # no empty tile
     if out is None:  # [B, H, M, D] over a [B, M, H, D] buffer: the heads' outputs of a token adjacent, as wo reads them
         out = torch.empty(B, M, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
     out = check_out(out, (B, H, M, D), q.dtype, q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    BLOCK_Q = max(16, next_pow2(tile_rows))
+    BLOCK_Q = max(16, next_pow2(HG * M))
     BLOCK_D = max(16, next_pow2(D))
     BLOCK_NEW = max(16, next_pow2(M))
     span = n_cols if sparse else k_cache.shape[2]  # rows to split (host-known bound)
     sms = num_sms(q.device)
-    owners = B * G * tiles  # programs a split of the rows multiplies: one per (b, g, row tile)
     decode = not sparse and BLOCK_Q <= 16  # few query rows per group (a decode step): long, light programs
     if num_splits is None:  # measured on the H200, see kernels/NOTES.md
-        most = cdiv(max(span, 1), 32)
         if sparse:  # fill the GPU once, no more: every extra split adds a partial and the combine
-            num_splits = max(1, min(sms // owners, most))
+            num_splits = max(1, min(sms // (B * G), cdiv(max(span, 1), 32)))
         elif decode:  # at most 2 programs per SM: one wave (a few programs of a second wave cost a whole one)
-            num_splits = max(1, min(2 * sms // owners, most))
-        elif owners * 4 <= sms:  # small batch: ~2 programs per SM, so the serial combine stays short
-            num_splits = max(1, min(cdiv(2 * sms, owners), most))
+            num_splits = max(1, min(2 * sms // (B * G), cdiv(max(span, 1), 32)))
+        elif B * G * 4 <= sms:  # small batch: ~2 programs per SM, so the serial combine stays short
+            num_splits = max(1, min(cdiv(2 * sms, B * G), cdiv(max(span, 1), 32)))
         else:  # ~6 programs per SM for the full cache
-            num_splits = max(1, min(round(6 * sms / owners), most))
+            num_splits = max(1, min(round(6 * sms / (B * G)), cdiv(max(span, 1), 32)))
+    wide = not sparse and BLOCK_Q >= 256  # exact mode's confirmation pass (K (gamma + 1) rows a head)
     if block_n is None:
         block_n = 32 if not sparse else min(128, max(32, next_pow2(cdiv(max(span, 1), num_splits))))
         if decode and BLOCK_D <= 64:  # short rows: more of them per step keeps enough bytes in flight
             block_n = 128
+        if wide:  # H200, 7B at 32k / 16, 20 rows a head: 741 us a layer vs 908 at block_n 32 (probes/results/confirm-attention)
+            block_n = 64
     if num_stages is None:
-        num_stages = 3 if block_n >= 128 else 4
+        num_stages = 3 if block_n >= 128 or wide else 4
         smem = lambda bn, ns: (2 * ns * bn + BLOCK_Q) * BLOCK_D * q.element_size() + 9 * 1024  # noqa: E731
         while smem(block_n, num_stages) > 226 * 1024 and (num_stages > 2 or block_n > 16):
             if num_stages > 2:  # stay inside the 227 KB of shared memory a block may use
@@ -313,7 +301,7 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     if num_warps is None:
         num_warps = 8 if BLOCK_Q >= 128 else 4
     gdc = sparse and pdl_supported(q.device)  # measured: 0.6 us faster per call on the H200
-    pairs = owners
+    pairs = B * G
     if splits > 1:
         wacc = torch.empty(pairs * splits * BLOCK_Q * BLOCK_D, dtype=torch.float32, device=q.device)
         wml = torch.empty(pairs * splits * 2 * BLOCK_Q, dtype=torch.float32, device=q.device)
@@ -331,17 +319,17 @@ def _launch(q, k_cache, v_cache, idx, n_cols, cache_lens, k_new, v_new, scale, o
     fused = qkv is not None
     if early is None:  # the draft's forward over its set: 0.014-0.03 ms faster (H200, kernels/NOTES.md)
         early = fused
-    _verify_attn_kernel[(splits * tiles, G, B)](
+    _verify_attn_kernel[(splits, G, B)](
         qkv if fused else q, k_cache, v_cache, kn, vn, idx, cache_lens, out, wacc, wml, locks,
         rope if fused else q, q,
-        scale * LOG2E, n_cols, chunk, splits, rope.shape[1] if fused else 0, tile_rows,
+        scale * LOG2E, n_cols, chunk, splits, rope.shape[1] if fused else 0,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn.stride(), *vn.stride(),
         isb, isg, iss, *out.stride(),
         qkv.stride(0) if fused else 0, qkv.stride(1) if fused else 0,
         G=G, HG=HG, M=M, D=D, BLOCK_Q=BLOCK_Q, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_NEW=BLOCK_NEW,
         SPARSE=sparse, NEW_IN_CACHE=k_new is None,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", GDC=gdc, ROPE_QKV=fused,
-        EARLY=bool(early), TILES=tiles,
+        EARLY=bool(early),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out
@@ -351,18 +339,17 @@ def full_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, *,
                           scale: float | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
                           block_n: int | None = None, num_warps: int | None = None,
-                          num_stages: int | None = None, row_tiles: int | None = None) -> torch.Tensor:
+                          num_stages: int | None = None) -> torch.Tensor:
     """Split-KV attention of M verification queries over the whole cache: [B, H, M, D].
 
     q [B, H, M, D]; k_cache/v_cache [B, G, N_max, D] (any strides); cache_lens [B] int32 = context
     rows before the new tokens. Query j of sequence b attends to rows [0, cache_lens[b]) and to new
     tokens 0..j, taken from k_new/v_new [B, G, M, D] or, when those are None, from cache rows
     cache_lens[b] + j. Query head h uses KV head h // (H // G). scale defaults to 1/sqrt(D).
-    The tuning keywords (split count, rows per block, warps, pipeline stages, and row tiles: the
-    HG * M query rows of a group split over that many programs) default to heuristics.
+    The tuning keywords (split count, rows per block, warps, pipeline stages) default to heuristics.
     """
     return _launch(q, k_cache, v_cache, None, 0, cache_lens, k_new, v_new, scale, out,
-                   False, num_splits, block_n, num_warps, num_stages, row_tiles=row_tiles)
+                   False, num_splits, block_n, num_warps, num_stages)
 
 
 def _check_indices(indices: torch.Tensor, B: int, G: int, device: torch.device) -> None:
@@ -377,7 +364,7 @@ def sparse_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             v_new: torch.Tensor | None = None, *, scale: float | None = None,
                             out: torch.Tensor | None = None, num_splits: int | None = None,
                             block_n: int | None = None, num_warps: int | None = None,
-                            num_stages: int | None = None, row_tiles: int | None = None) -> torch.Tensor:
+                            num_stages: int | None = None) -> torch.Tensor:
     """Attention of M verification queries over a selected set of cache rows: [B, H, M, D].
 
     indices [B, S] (one set for all heads) or [B, G, S] (per KV head), int32 context rows
@@ -390,7 +377,7 @@ def sparse_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     _check_indices(indices, q.shape[0], k_cache.shape[1] if k_cache.dim() == 4 else 0, q.device)
     return _launch(q, k_cache, v_cache, indices, indices.shape[-1], cache_lens, k_new, v_new, scale, out,
-                   True, num_splits, block_n, num_warps, num_stages, row_tiles=row_tiles)
+                   True, num_splits, block_n, num_warps, num_stages)
 
 
 def sparse_verify_attention_rope(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dustin_eval.acceptance import AcceptanceConfig, run_acceptance, write_acceptance
+from dustin_runtime.exact import DEFAULT_K
 from dustin_runtime.io.provenance import provenance
 from dustin_runtime.pipeline import load_pair
 from dustin_runtime.sparse.config import SparseConfig
@@ -170,7 +171,7 @@ def test_acceptance_of_exact_policies_records_the_agreement(setup):
     by = {(r["policy"], r["budget"]): r for r in recs}
     for (policy, _), r in by.items():
         if policy.endswith("-x"):
-            assert r["prefix"] == 1 and r["extra"]["exact_k"] == 4
+            assert r["prefix"] == 1 and r["extra"]["exact_k"] == DEFAULT_K
             for kind in ("", "_draft", "_correction"):
                 if f"agreement{kind}_ci" in r:
                     lo, hi = r[f"agreement{kind}_ci"]

@@ -23,6 +23,7 @@ from dustin_eval.bench_e2e import (
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
+from dustin_runtime.exact import DEFAULT_K
 from dustin_runtime.generate import generate
 from dustin_runtime.loader import random_model
 from dustin_runtime.sparse.policies import make_policy
@@ -162,12 +163,15 @@ def test_exact_policies_and_the_replayed_agreement():
     assert torch.equal(replay_counts("geometric:0.8:agree=0.9", 3, 50, 2, 1), replay_counts("geometric:0.8", 3, 50, 2, 1))
     with pytest.raises(DustinError, match="agree="):  # random weights agree on nothing: the agreement is replayed
         E2EConfig(policies=("ar", "dustin-vs-x")).check()
-    E2EConfig(policies=("ar", "full", "dustin-vs", "dustin-vs-x"), acceptance="geometric:0.8:agree=0.97").check()
+    E2EConfig(policies=("ar", "full", "dustin-vs", "dustin-vs-x", "dustin-vs-x3"),
+              acceptance="geometric:0.8:agree=0.97").check()
+    with pytest.raises(DustinError, match="unknown policies ar-x2"):
+        E2EConfig(policies=("ar-x2",), acceptance="geometric:0.8:agree=0.97").check()
     with pytest.raises(DustinError, match="unknown policies"):
         E2EConfig(policies=("ar-x",), acceptance="geometric:0.8:agree=0.97").check()
 
 
-@pytest.mark.parametrize("policy", ["dustin-x", "dustin-vs-x", "streamingllm-x", "quest-x"])
+@pytest.mark.parametrize("policy", ["dustin-x4", "dustin-vs-x4", "streamingllm-x4", "quest-x4"])
 def test_run_of_an_exact_policy_is_greedy_decoding(policy):
     cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=12, sinks=2, window=4, m=4,
                     srh=2, draft_srh=1, new_tokens=9, policies=(policy,))
@@ -185,9 +189,9 @@ def test_run_of_an_exact_policy_is_greedy_decoding(policy):
 
 def test_byte_floor_of_an_exact_policy_adds_a_full_pass_every_k_steps():
     cfg = E2EConfig(target="tiny", draft="tiny", batch=2, context=40, gamma=2, budget=24, sinks=2, window=4, m=4,
-                    srh=2, draft_srh=1, new_tokens=6, policies=("dustin-vs", "dustin-vs-x"))
+                    srh=2, draft_srh=1, new_tokens=6, policies=("dustin-vs", "dustin-vs-x", "dustin-vs-x3"))
     pair = tiny_pair()
     scfg = sparse_config(cfg, pair)
-    plain, exact = (byte_floor(pair, p, cfg, scfg, 1.0)["bytes"] for p in ("dustin-vs", "dustin-vs-x"))
+    plain, exact, exact3 = (byte_floor(pair, p, cfg, scfg, 1.0)["bytes"] for p in cfg.policies)
     full = byte_floor(pair, "ar", cfg, scfg, 1.0)["bytes"]  # the weights and every KV row once
-    assert exact - plain == pytest.approx(full / 4)
+    assert exact - plain == pytest.approx(full / DEFAULT_K) and exact3 - plain == pytest.approx(full / 3)

@@ -80,32 +80,15 @@ def test_sparse_matches_reference(dtype, case, per_head):
     assert rel_err(out, ref) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-@pytest.mark.parametrize("tiles,splits", [(2, 1), (3, 3), (7, 2), (20, None)])
-def test_row_tiles_match_reference(sparse, tiles, splits):
-    """The HG * M query rows of a group split over programs (tiles that end inside a head, a last tile
-    shorter than the others, more tiles than heads): the reference's output, the counters back at 0."""
-    B, H, G, M, D, N_ctx = 2, 14, 2, 9, 16, 61  # 63 rows a group
+@pytest.mark.parametrize("splits", [None, 1])
+def test_wide_tile_defaults_match_reference(splits):
+    """More than 128 query rows a group (exact mode's confirmation pass: K (gamma + 1) rows a head) take
+    the wide tile's own defaults (block_n 64, 3 stages): the reference's output on ragged lengths."""
+    B, H, G, M, D, N_ctx = 2, 9, 1, 17, 16, 150  # 153 rows a group: a 256-row tile
     dev = kernel_device()
-    q, k, v, lens, kn, vn, gen = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, False, seed=60 + tiles)
-    out = poisoned((B, H, M, D), torch.float32, dev)
-    if sparse:
-        idx = _indices(lens.cpu(), 37, G, True, gen, dev)
-        sparse_verify_attention(q, k, v, idx, lens, kn, vn, out=out, num_splits=splits, block_n=16, row_tiles=tiles)
-        ref = sparse_verify_attention_ref(q, k, v, idx, lens, kn, vn)
-    else:
-        full_verify_attention(q, k, v, lens, kn, vn, out=out, num_splits=splits, block_n=16, row_tiles=tiles)
-        ref = full_verify_attention_ref(q, k, v, lens, kn, vn)
-    assert rel_err(out, ref) <= TOL[torch.float32]
-    assert int(ticket_counters(torch.device(dev), B * G * tiles)[: B * G * tiles].abs().sum()) == 0
-
-
-def test_row_tiles_out_of_range_refused():
-    dev = kernel_device()
-    q, k, v, lens, _, _, _ = _inputs(1, 4, 2, 3, 16, 20, torch.float32, dev, True, seed=3)
-    for bad in (0, 7):  # 2 heads x 3 rows a group
-        with pytest.raises(KernelArgumentError, match="row_tiles"):
-            full_verify_attention(q, k, v, lens, row_tiles=bad)
+    q, k, v, lens, _, _, _ = _inputs(B, H, G, M, D, N_ctx, torch.float32, dev, True, seed=70)
+    out = full_verify_attention(q, k, v, lens, num_splits=splits)
+    assert rel_err(out, full_verify_attention_ref(q, k, v, lens)) <= TOL[torch.float32]
 
 
 def strided(t: torch.Tensor, perm: tuple[int, ...], pad: int = 3) -> torch.Tensor:

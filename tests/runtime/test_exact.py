@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.exact import K_MAX, ExactConfig
+from dustin_runtime.exact import DEFAULT_K, K_MAX, ExactConfig, split_exact
 from dustin_runtime.generate import generate
 from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.sparse.config import SparseConfig
@@ -115,6 +115,16 @@ def test_k_zero_is_off_and_bad_configs_are_refused(pair):
     for bad in (-1, K_MAX + 1, 2.5):
         with pytest.raises(DustinError, match="--exact"):
             ExactConfig(bad)
+
+
+def test_policy_names_carry_k():
+    assert split_exact("dustin-vs-x") == ("dustin-vs", ExactConfig(DEFAULT_K))
+    assert split_exact("dustin-vs-x3") == ("dustin-vs", ExactConfig(3))
+    assert split_exact("quest-x1") == ("quest", ExactConfig(1))
+    assert split_exact("dustin-vs") == ("dustin-vs", ExactConfig()) and split_exact("-x") == ("-x", ExactConfig())
+    for bad in ("dustin-x0", f"dustin-x{K_MAX + 1}"):
+        with pytest.raises(DustinError, match=f"1 ... {K_MAX}"):
+            split_exact(bad)
 
 
 @pytest.mark.slow
