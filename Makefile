@@ -63,14 +63,16 @@ bench-e2e-tp4: .stamp-install
 # one): the per-token agreement of sparse and full greedy on 16 eval windows x 256 tokens at 4k / 8k, S = 512 ..
 # 4096 (GPU, results/acceptance-exact), then bench e2e beside ar / full / dustin-vs at the 7B shapes (the
 # agreement replayed: put the measured one in AGREE) and on the SmolLM2 pair with real agreement.
-AGREE ?= 0.946
+# S:P pairs: the budget and the agreement the embedded pair measured there at 8k (agreement-smollm2-8k.md).
+AGREE ?= 512:0.946 1024:0.971 2048:0.981
 .PHONY: repro-exact-agreement bench-e2e-exact
 repro-exact-agreement: .stamp-install
 	ONLY="acceptance-exact" PY=$(PY) bash scripts/gpu_evals.sh
 bench-e2e-exact: .stamp-install
-	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16 --context 32768 --gamma 4 \
-		--new-tokens 256 --policy ar,full,dustin-vs,dustin-vs-x2,dustin-vs-x3,dustin-vs-x4 \
-		--acceptance geometric:0.8:agree=$(AGREE) --alphas '' --out-dir results/speed-exact
+	for sp in $(AGREE); do $(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16 \
+		--context 32768 --gamma 4 --new-tokens 256 --budget $${sp%%:*} \
+		--policy ar,full,dustin-vs,dustin-vs-x2,dustin-vs-x3,dustin-vs-x4 --acceptance geometric:0.8:agree=$${sp##*:} \
+		--alphas '' --out-dir results/speed-exact/s$${sp%%:*} || exit 1; done
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
 		--new-tokens 256 --policy ar,full,dustin-vs,dustin-vs-x --alphas '' --out-dir results/speed-exact
 
