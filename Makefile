@@ -59,18 +59,39 @@ bench-e2e-tp4: .stamp-install
 	$(PY) -m torch.distributed.run --nproc-per-node 4 $(TP_E2E) --tp 4 --batch 16,8 --context 32768,8192 \
 		--policy ar,full,dustin,streamingllm,quest,dustin-vs
 
+# The whole 72B pipeline as the paper runs it, for users with the weights (Qwen2.5-72B and Qwen2.5-0.5B, instruct
+# or base, in the local Hugging Face cache: `dustin` resolves the names offline) and 4 GPUs: the profile
+# tensor parallel (its memory plan refuses one H200 at 8k), LongBench at S = 512 and PG-19 through it, then
+# bench e2e on the checkpoints (real acceptance). Each step writes into its own results/ folder.
+T72 ?= Qwen2.5-72B
+D72 ?= Qwen2.5-0.5B
+TP4 = $(PY) -m torch.distributed.run --nproc-per-node 4
+P72 = results/profile-72b/$(T72)-$(D72).json
+.PHONY: repro-72b
+repro-72b: .stamp-install
+	$(TP4) -m dustin.cli profile --target $(T72) --draft $(D72) --calib $(GUTENBERG)/calib --context 8192 \
+		--windows 16 --heldout-windows 4 --budget 512 --sinks 4 --window 64 --max-refresh 2 --tp 4 --out $(P72)
+	$(TP4) -m dustin.cli eval longbench --target $(T72) --draft $(D72) --data ../shared/longbench \
+		--policy full,dustin,streamingllm,quest --budget 512 --profile $(P72) --tp 4 --out-dir results/longbench-72b
+	$(TP4) -m dustin.cli eval pg19 --target $(T72) --draft $(D72) --context 8192 --eval-tokens 256 --windows 16 \
+		--policy full,dustin,streamingllm,quest --budget 512 --profile $(P72) --tp 4 --out-dir results/fidelity-pg19-72b
+	$(TP4) -m dustin.cli bench e2e --target $(T72) --draft $(D72) --batch 16,8 --context 32768,8192 --gamma 4 \
+		--policy ar,full,dustin,streamingllm,dustin-vs --tp 4 --out-dir results/speed-72b-tp4
+
 # Exact mode (-x: a full-attention confirmation pass every K = 2 steps, -xK every K; the output is the target's greedy
 # one): the per-token agreement of sparse and full greedy on 16 eval windows x 256 tokens at 4k / 8k, S = 512 ..
 # 4096 (GPU, results/acceptance-exact), then bench e2e beside ar / full / dustin-vs at the 7B shapes (the
 # agreement replayed: put the measured one in AGREE) and on the SmolLM2 pair with real agreement.
-AGREE ?= 0.946
+# S:P pairs: the budget and the agreement the embedded pair measured there at 8k (agreement-smollm2-8k.md).
+AGREE ?= 512:0.946 1024:0.971 2048:0.981
 .PHONY: repro-exact-agreement bench-e2e-exact
 repro-exact-agreement: .stamp-install
 	ONLY="acceptance-exact" PY=$(PY) bash scripts/gpu_evals.sh
 bench-e2e-exact: .stamp-install
-	$(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16 --context 32768 --gamma 4 \
-		--new-tokens 256 --policy ar,full,dustin-vs,dustin-vs-x2,dustin-vs-x3,dustin-vs-x4 \
-		--acceptance geometric:0.8:agree=$(AGREE) --alphas '' --out-dir results/speed-exact
+	for sp in $(AGREE); do $(PY) -m dustin.cli bench e2e --target qwen2.5-7b --draft qwen2.5-0.5b --batch 16 \
+		--context 32768 --gamma 4 --new-tokens 256 --budget $${sp%%:*} \
+		--policy ar,full,dustin-vs,dustin-vs-x2,dustin-vs-x3,dustin-vs-x4 --acceptance geometric:0.8:agree=$${sp##*:} \
+		--alphas '' --out-dir results/speed-exact/s$${sp%%:*} || exit 1; done
 	$(PY) -m dustin.cli bench e2e --target smollm2 --draft models/smollm2-draft --batch 16 --context 7680 \
 		--new-tokens 256 --policy ar,full,dustin-vs,dustin-vs-x --alphas '' --out-dir results/speed-exact
 
@@ -176,6 +197,16 @@ PROFILE_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG
 .PHONY: repro-profile
 repro-profile: .stamp-install
 	$(PY) -m dustin.cli profile $(PROFILE_ARGS) --max-refresh 2 --out profiles/smollm2-draft.json
+
+# The profile tensor parallel equals one process's (results/profile-tp): the embedded pair (9 query / 3 KV
+# heads) at 4 windows of 2k, in one process, then over 3 ranks (gloo on CPU, one KV head each). A few
+# minutes on 2 CPU cores; each run resumes from results/profile-tp/<name>.work/ (not committed).
+PROFILE_TP_ARGS = --target smollm2 --draft models/smollm2-draft --calib $(GUTENBERG)/calib --context 2048 --windows 4
+.PHONY: repro-profile-tp3
+repro-profile-tp3: .stamp-install
+	$(PY) -m dustin.cli profile $(PROFILE_TP_ARGS) --out results/profile-tp/one.json
+	$(PY) -m torch.distributed.run --nproc-per-node 3 -m dustin.cli profile $(PROFILE_TP_ARGS) --tp 3 \
+		--out results/profile-tp/tp3.json
 
 # Evaluation harnesses on the embedded pair (CPU; resumable: re-running skips finished records).
 PROFILE ?= profiles/smollm2-draft.json

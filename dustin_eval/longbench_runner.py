@@ -151,7 +151,9 @@ def _run(generator, tokenizer, meta, run_dir, data_dir, out_dir, max_length, dat
         samples = load_dataset(data_dir, dataset, limit)
         max_gen = max_new_tokens()[dataset]
         if max_length - max_gen < 2:
-            raise DustinError(f"max length {max_length} leaves no room for {dataset}'s prompt")
+            raise DustinError(f"max length {max_length} leaves no room for {dataset}'s prompt beside its {max_gen} "
+                              f"new tokens: it needs models of more than {max_gen + 1} positions (or drop it from "
+                              "--datasets)")
         path = run_dir / f"{dataset}.jsonl"
         done = repair_jsonl(path)
         done_keys = {r["_id"] for r in done}

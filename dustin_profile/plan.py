@@ -280,7 +280,7 @@ def plan_decode(policy: str | None, profile, budget: int | None, draft: str | No
     """`dustin decode`'s one run, checked before any model loads: (the policy, its `SparsePlan`, the
     parsed --draft-lookup or None, the exact mode: --exact K, else the policy's -x suffix, else off).
     The policy defaults to dustin with a profile, else full; one that reads no profile is refused with one."""
-    from dustin_runtime.exact import ExactConfig, split_exact
+    from dustin_runtime.exact import ExactConfig, exact_budget, split_exact
     from dustin_runtime.lookup import LookupConfig
 
     if exact and draft is None:
@@ -292,6 +292,10 @@ def plan_decode(policy: str | None, profile, budget: int | None, draft: str | No
         raise DustinError("--draft-lookup drafts beside a draft model: give --draft")
     policy = policy or ("dustin" if profile is not None else "full")
     cls = policy_class(policy)
+    if profile is not None and not isinstance(profile, LoadedProfile):
+        profile = read_profile(profile)
+    if budget is None and (modes[0].on or modes[1].on) and cls.budgeted:  # exact mode: agreement is what S buys
+        budget = exact_budget(profile.profile.budget if profile is not None else None)
     if profile is not None and not cls.budgeted:
         raise DustinError(f"--policy {policy} reads no profile: drop --profile, or give a policy that verifies "
                           "over a set (dustin, streamingllm, quest, ...)")

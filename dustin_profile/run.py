@@ -243,11 +243,11 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
     folder `<out>.work/` is locked for the run: a second run on the same --out is refused. Under
     `tp` (a `TensorParallel`, every rank calling) the target is sharded by KV heads and the draft
     replicated; each window's record is gathered onto every rank (`record_window`), rank 0 runs the
-    search and alone writes (the lock, the windows, the artifact); other ranks return None.
+    search and alone writes (the lock, the windows, the artifact); other ranks return None. With
+    `--max-refresh` every rank runs the refresh search's sharded teacher-forced passes on rank 0's
+    set, and rank 0's perplexities decide every round (`_refresh_layers`).
     `progress(label, total)`: the caller's progress display (the CLI's `render.progress`, a line per
     recorded window and per search round off a terminal), a context yielding a tick per unit."""
-    if tp is not None and cfg.max_refresh:
-        raise DustinError("--max-refresh runs in one process for now: profile without --tp, or without it")
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -329,10 +329,13 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp, progress)
             recs.append(rec)
             tick()
     t_rec = time.perf_counter() - t_rec
-    if tp is not None and tp.rank != 0:
-        return None  # the rest (search, tables, artifact) is rank 0's: no collective follows
     n, h = cfg.windows, cfg.heldout
     held_windows, held_recs = windows[n: n + h], recs[n: n + h]
+    if tp is not None and tp.rank != 0:  # the search, tables and artifact are rank 0's
+        sparse = tp.share(None) if cfg.max_refresh else None  # rank 0's set (None: no head, no refresh search)
+        if sparse is not None:
+            _refresh_layers(sparse, cfg, tgt.model, drf.model, windows[:n], held_windows, tp)
+        return None
     windows, recs = windows[:n] + windows[n + h:], recs[:n] + recs[n + h:]  # calibration
     facts = [w.fact for w in windows[len(windows) - cfg.retrieval:]] if cfg.retrieval else None
     stats = stack_windows(recs, cfg.all_budgets, cfg.retrieval, cfg.retrieval_weight, facts).to(device)
@@ -415,12 +418,16 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp, progress)
     from dustin_profile.plots import write_plots
 
     skipped = {"skipped": "Algorithm 1 chose no retrieval head: dustin has no set to score"}
-    if cfg.max_refresh and not prof.has_heads:
+    sparse = prof.to_sparse_config() if cfg.max_refresh and prof.has_heads else None
+    if tp is not None and cfg.max_refresh:
+        tp.share(sparse)  # the other ranks run the refresh search's passes with rank 0
+    if cfg.max_refresh and sparse is None:
         prof = replace(prof, refresh_search=skipped)
     elif cfg.max_refresh:
         t_refresh = time.perf_counter()
         with console.status(f"refresh layers (up to {cfg.max_refresh})"):
-            prof = _search_refresh(prof, cfg, tgt.model, drf.model, windows[:n], held_windows)
+            layers, record = _refresh_layers(sparse, cfg, tgt.model, drf.model, windows[:n], held_windows, tp)
+        prof = replace(prof, refresh_layers=layers, refresh_search=record)
         prof.calibration["run"]["seconds"]["refresh"] = round(time.perf_counter() - t_refresh, 2)
     prof = replace(prof, tables={**tables, **write_plots(stage, prof)})
     prof.calibration["run"]["seconds"]["total"] = round(time.perf_counter() - t0, 2)
@@ -428,16 +435,18 @@ def _run(cfg: ProfileConfig, command: str, console, restart: bool, tp, progress)
     return RunResult(prof, out, res, recorded, prof.calibration["run"]["seconds"])
 
 
-def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_windows, held_windows) -> Profile:
-    """The profile with its refresh layers (`refresh.greedy_refresh` over every target layer on the
-    calibration prose windows) and the search's record, with held-out perplexity ratios."""
+def _refresh_layers(sparse, cfg: ProfileConfig, target, draft, calib_windows, held_windows,
+                    tp=None) -> tuple[tuple[int, ...], dict]:
+    """The refresh layers of the profile's set `sparse` (`refresh.greedy_refresh` over every target
+    layer on the calibration prose windows) and the search's record, with held-out perplexity
+    ratios. Under `tp` every rank calls it: the passes run sharded and every rank takes rank 0's
+    NLLs (`TensorParallel.share`), so every rank takes the same decisions and collectives."""
     from dustin_profile import refresh as rf
 
-    sparse = prof.to_sparse_config()
-
     def scorer(ws):
-        return rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.EVAL_TOKENS,
-                             cfg.prefill_chunk)
+        score = rf.nll_scorer(target, draft, sparse, [list(w.tokens) for w in ws], cfg.gamma, rf.EVAL_TOKENS,
+                              cfg.prefill_chunk)
+        return score if tp is None else lambda sets: tp.share(score(sets))
 
     found = rf.greedy_refresh(scorer(calib_windows), range(target.cfg.num_layers), cfg.max_refresh)
     total = len(calib_windows[0].tokens)
@@ -450,7 +459,7 @@ def _search_refresh(prof: Profile, cfg: ProfileConfig, target, draft, calib_wind
               "rounds": found.rounds}
     if held_windows:
         record["heldout"] = {"windows": len(held_windows), **rf.heldout_ratios(scorer(held_windows), found.layers)}
-    return replace(prof, refresh_layers=found.layers, refresh_search=record)
+    return found.layers, record
 
 
 def _heads(cands: list[Candidate]) -> tuple[HeadChoice, ...]:

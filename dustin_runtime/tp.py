@@ -81,6 +81,15 @@ class TensorParallel:
         _gather_into(out.view(-1), t.contiguous().view(-1), self.group)
         return out
 
+    def share(self, obj: Any) -> Any:
+        """Collective: rank 0's `obj` (any picklable value) on every rank, so every rank takes rank 0's
+        decision (e.g. the profile's refresh search, `dustin_profile.run`)."""
+        import torch.distributed as dist
+
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
     def agree(self, error: str | None) -> None:
         """Collective: raise the same `DustinError` on every rank when any rank has an error (the
         lowest failing rank's, naming the rank when it is not rank 0, which prints), so no rank

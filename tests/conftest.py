@@ -5,6 +5,7 @@ a subprocess). Tests take these as fixtures; no test imports another."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,14 @@ def run_cli(cli):
     return run
 
 
+PROGRESS_LINE = re.compile(r"^[\w ./-]+: \d+(/\d+)? done, ")  # what a run prints per unit off a terminal
+
+
+def stderr_lines(text: str) -> list[str]:
+    """A run's stderr lines without its progress lines (one per finished unit when not on a terminal)."""
+    return [ln for ln in text.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
+
+
 @pytest.fixture(scope="session")
 def assert_one_line_error():
     """assert_one_line_error(p, *needles, code=None): no traceback, exit `code` (any non-zero when
@@ -181,7 +190,7 @@ def assert_one_line_error():
     def check(p, *needles, code: int | None = None):
         assert "Traceback" not in p.stderr + p.stdout, p.stderr
         assert p.returncode == code if code is not None else p.returncode != 0, (p.returncode, p.stderr)
-        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+        lines = stderr_lines(p.stderr)
         assert len(lines) == 1, p.stderr
         for n in needles:
             assert n in lines[0], lines[0]

@@ -126,7 +126,10 @@ def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
     (x / "calib_field.jsonl").write_text('{"body": "x"}\n')
     (x / "calib.parquet").write_bytes(b"PAR1 garbage")
     (x / "short.txt").write_text("too short for any window")
-    for name, content in {"lb_latin1": LATIN1, "lb_notjson": b"{\n", "lb_fields": b'{"input": "x"}\n'}.items():
+    sample = {"input": "", "context": "news " * 50, "answers": ["a"], "length": 50, "dataset": "multi_news",
+              "language": "en", "all_classes": None, "_id": "s0"}
+    for name, content in {"lb_latin1": LATIN1, "lb_notjson": b"{\n", "lb_fields": b'{"input": "x"}\n',
+                          "lb_ok": json.dumps(sample).encode() + b"\n"}.items():
         (x / name).mkdir()
         (x / name / "multi_news.jsonl").write_bytes(content)
     (x / "books_latin1").mkdir()
@@ -356,6 +359,8 @@ CASES = {
     "longbench-data-not-json": (LB, ["multi_news.jsonl:1: not a JSON line"]),
     "longbench-data-not-utf8": ([*LB, "--data", "{X}/lb_latin1"], ["not UTF-8"]),
     "longbench-data-fields": ([*LB, "--data", "{X}/lb_fields"], ["missing field(s)"]),
+    "longbench-models-too-short": ([*LB, "--data", "{X}/lb_ok"], ["leaves no room for multi_news's prompt beside its "
+                                                                  "512 new tokens", "more than 513 positions"]),
     "longbench-out-is-file": ([*LB, "--out-dir", "{X}/file.txt"], ["cannot be the output folder"]),
     # eval pg19 / passkey
     "pg19-context-0": ([*PG, "--context", "0"], ["--context"]),

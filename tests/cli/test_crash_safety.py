@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.conftest import stderr_lines
+
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
          "answer across never little stone between under light voice long").split()
@@ -153,7 +155,7 @@ def test_locked_profile_output_and_ctrl_c(cli, data, tmp_path, assert_one_line_e
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"]
+    assert stderr_lines(err) == ["error: interrupted"]
 
 
 def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path, assert_one_line_error):
@@ -165,7 +167,7 @@ def test_locked_eval_output_and_ctrl_c_then_resume(cli, data, tmp_path, assert_o
     assert_one_line_error(second, f"in use by another dustin run (pid {proc.pid})", code=2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"]
+    assert proc.returncode == 130 and stderr_lines(err) == ["error: interrupted"]
     done = lines(records)
     assert 1 <= done < 300
     p = cli(*lb_args(data, out, "--limit", str(done + 1)))  # resumes: only one sample decoded

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from dustin_runtime.exact import DEFAULT_K, EXACT_BUDGET
+
 
 @pytest.fixture(scope="module")
 def models(small_models):
@@ -53,10 +55,11 @@ def test_decode_exact_gives_the_autoregressive_tokens(models, tmp_path, run_cli,
     common = ["--target", str(models["llama"]), "--prompts", str(f), "--max-new-tokens", "15", "--json"]
     ar = json.loads(run_cli("decode", *common, ok=True).stdout.strip().splitlines()[-1])
     spec = [*common, "--draft", str(models["llama_draft"]), "--gamma", "3"]
-    for extra in (["--policy", "quest", "--exact", "2"], ["--policy", "streamingllm-x"]):
+    for extra, k, budget in ((["--policy", "quest", "--exact", "3"], 3, EXACT_BUDGET),
+                             (["--policy", "streamingllm-x", "--budget", "80"], DEFAULT_K, 80)):
         out = json.loads(run_cli("decode", *spec, *extra, ok=True).stdout.strip().splitlines()[-1])
         assert out["tokens"] == ar["tokens"]
-        assert out["stats"]["extra"]["exact_k"] == (2 if "--exact" in extra else 4)
+        assert out["stats"]["extra"]["exact_k"] == k and out["stats"]["extra"]["budget"] == budget
     p = run_cli("decode", *common, "--exact", "2")
     assert_one_line_error(p, "--exact", "--draft", code=2)
     p = run_cli("decode", *spec, "--exact", "9")

@@ -1,11 +1,12 @@
 """A new user's first hour, scripted: in a fresh clone (the last commit, as `git clone` gives it),
-profile a tiny pair, decode with the profile, then `eval pg19` (twice: the second run resumes) and
-`eval acceptance` with tiny settings, every output at its default path. Every command must exit 0
-and the clone's `git status --porcelain` must stay empty: a default that writes into tracked files,
-or anywhere not git-ignored, fails it. The clone's own code runs (plain subprocesses, its folder
-first on PYTHONPATH), so a default resolved beside the package is caught as well as one resolved in
-the working folder."""
+profile a tiny pair, decode with the profile, then `eval pg19` (twice: the second run resumes),
+`eval longbench --limit 1` and `eval acceptance` with tiny settings, every output at its default
+path. Every command must exit 0 and the clone's `git status --porcelain` must stay empty: a default
+that writes into tracked files, or anywhere not git-ignored, fails it. The clone's own code runs
+(plain subprocesses, its folder first on PYTHONPATH), so a default resolved beside the package is
+caught as well as one resolved in the working folder."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +35,11 @@ def test_first_hour_in_a_fresh_clone_leaves_git_status_clean(make_tiny_hf, small
     books = tmp_path / "books"
     books.mkdir()
     (books / "river.txt").write_text(TEXT)
+    longbench = tmp_path / "longbench"  # one LongBench v1 file of one sample (trec: 64 new tokens at most)
+    longbench.mkdir()
+    (longbench / "trec.jsonl").write_text(json.dumps({
+        "input": "What river ran past the house?", "context": TEXT[:2000], "answers": ["Location"], "length": 400,
+        "dataset": "trec", "language": "en", "all_classes": ["Location", "Person"], "_id": "t0"}) + "\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(clone), str(clone / "kernels")]),
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONIOENCODING": "utf-8",
            "DUSTIN_CACHE": str(tmp_path / "cache")}
@@ -59,9 +65,10 @@ def test_first_hour_in_a_fresh_clone_leaves_git_status_clean(make_tiny_hf, small
             "--budget", "40")
     dustin(*pg19)  # the pair's profile found at runs/profile/<target>-<draft>.json
     dustin(*pg19)  # resumed from its records
+    dustin("eval", "longbench", *pair, "--data", longbench, "--limit", "1", "--budget", "40")
     dustin("eval", "acceptance", *pair, "--data", books, "--contexts", "64", "--budget", "40", "--windows", "1",
            "--max-new-tokens", "6")
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone,
                             capture_output=True, text=True, check=True)
     assert status.stdout == "", status.stdout
-    assert (clone / "runs" / "pg19").is_dir() and any((clone / "runs" / "acceptance").glob("*.json"))
+    assert (clone / "runs" / "pg19").is_dir() and (clone / "runs" / "longbench" / "summary.csv").is_file() and any((clone / "runs" / "acceptance").glob("*.json"))

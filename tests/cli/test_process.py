@@ -6,7 +6,6 @@ Ctrl-C (one line, exit 128 + n) with its records kept and its lock released, so 
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import stderr_lines
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"}
@@ -25,14 +26,11 @@ def dustin(*args, stdout=subprocess.PIPE, **kw):
                             stdout=stdout, stderr=subprocess.PIPE, cwd=REPO, env=ENV, **kw)
 
 
-_PROGRESS = re.compile(r"^[\w ./-]+: \d+(/\d+)? done, ")
-
-
 def errors(err: bytes) -> list[str]:
     """stderr's lines without the progress lines a run prints when stderr is not a terminal."""
     text = err.decode("utf-8", "replace")
     assert "Traceback" not in text, text
-    return [ln for ln in text.splitlines() if ln.strip() and not _PROGRESS.match(ln)]
+    return stderr_lines(text)
 
 
 @pytest.fixture(scope="module")

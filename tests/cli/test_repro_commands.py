@@ -70,3 +70,24 @@ def test_repro_command_options_exist(where, words):
     known = {o for p in cmd.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
     used = {w.split("=")[0] for w in words if w.startswith("--")}
     assert not used - known, f"{where}: {path} has no {sorted(used - known)}"
+
+
+def test_repro_72b_runs_the_pipeline_at_4_ranks():
+    """`make repro-72b`: profile -> LongBench at S = 512 -> PG-19 -> bench e2e, each at --tp 4 under
+    the launcher's 4 processes, each writing into results/ and the evals reading the profile it made."""
+    lines = _logical_lines((REPO / "Makefile").read_text())
+    start = lines.index("repro-72b: .stamp-install")
+    recipe = []
+    for ln in lines[start + 1:]:
+        if not ln.startswith("\t"):
+            break
+        recipe.append(shlex.split(ln.split("-m dustin.cli", 1)[1]))
+        assert "--nproc-per-node 4 -m dustin.cli" in ln, ln
+    assert [w[:2] if w[0] != "profile" else w[:1] for w in recipe] == [["profile"], ["eval", "longbench"],
+                                                                        ["eval", "pg19"], ["bench", "e2e"]]
+    opts = [dict(zip(w[::1], w[1:], strict=False)) for w in recipe]
+    assert all(o.get("--tp") == "4" for o in opts)
+    made = opts[0]["--out"]
+    assert made.startswith("results/") and all(o["--profile"] == made for o in opts[1:3])
+    assert all(o["--out-dir"].startswith("results/") for o in opts[1:]) and opts[1]["--budget"] == "512"
+    assert len({o["--target"] for o in opts}) == 1 and "$" not in opts[0]["--target"]

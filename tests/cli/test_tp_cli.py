@@ -7,6 +7,8 @@ import shutil
 
 import pytest
 
+from tests.conftest import stderr_lines
+
 
 @pytest.fixture(scope="module")
 def pair(small_models, write_profile, tmp_path_factory):
@@ -42,7 +44,7 @@ def test_decode_under_the_launcher_equals_one_process(pair, cli, tp_run, policy)
 
 def _one_line_on_rank0(ranks, *needles):
     assert [rc for rc, _, _ in ranks] == [2] * len(ranks), ranks
-    lines = [ln for ln in ranks[0][2].splitlines() if ln.strip()]
+    lines = stderr_lines(ranks[0][2])
     assert len(lines) == 1 and "Traceback" not in ranks[0][2], ranks[0][2]
     for n in needles:
         assert n in lines[0], lines[0]

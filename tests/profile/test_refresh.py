@@ -173,3 +173,32 @@ def test_layer_sets_score_as_their_own_runs(setup):
                                                                       hooks=runs)]
     assert got[:4] == pytest.approx(own, rel=1e-9) and got[1] == got[4]
     assert len(set(got[1:4])) == 3  # the layers change the set
+
+
+def test_refresh_search_at_2_ranks_equals_one_process(made, tmp_path, tp_run):
+    """`run_profile` with --max-refresh 2 under a gloo group of 2 (what `dustin profile --tp 2` runs):
+    the refresh search's teacher-forced passes run sharded on every rank, rank 0's perplexities
+    decide; the same heads, m and refresh layers as one process, every round's perplexity ratios
+    and the held-out ones within float rounding."""
+    cfg, res = made
+    kw = {k: getattr(cfg, k) for k in ("target", "draft", "context", "windows", "positions", "budget", "gamma",
+                                       "sinks", "window", "max_heads", "epsilon", "m_points", "heldout",
+                                       "max_refresh")}
+    kw.update(calib=list(cfg.calib), budgets=list(cfg.budgets))
+    ranks = tp_run.case("profile", 2, timeout=300, out=str(tmp_path / "tp.json"), **kw)
+    assert ranks[1] is None and ranks[0] is not None
+    one, tp = res.profile, load_profile(tmp_path / "tp.json")
+    assert one.has_heads and "skipped" not in one.refresh_search  # the search ran
+    assert (tp.draft_heads, tp.target_heads, tp.m, tp.refresh_layers) == \
+        (one.draft_heads, one.target_heads, one.m, one.refresh_layers)
+    a, b = one.refresh_search, tp.refresh_search
+    assert (b["stop"], len(b["rounds"])) == (a["stop"], len(a["rounds"])) and len(a["rounds"]) >= 2
+    for x, y in zip(a["rounds"][1:], b["rounds"][1:], strict=True):
+        assert (y["best"], [c["layer"] for c in y["candidates"]]) == (x["best"], [c["layer"] for c in x["candidates"]])
+        assert [c["ppl_ratio"] for c in y["candidates"]] == pytest.approx([c["ppl_ratio"] for c in x["candidates"]],
+                                                                          rel=1e-5)
+    for k in ("ppl_ratio", "ppl_ratio_without"):
+        assert b[k] == pytest.approx(a[k], rel=1e-5), k
+    for k in ("dustin", "dustin + refresh"):
+        assert b["heldout"][k] == pytest.approx(a["heldout"][k], rel=1e-5), k
+    assert tp.calibration["run"]["tp"] == 2 and "refresh" in tp.calibration["run"]["seconds"]

@@ -107,3 +107,24 @@ def test_bench_e2e_under_world_size_1(world1, tmp_path):
         phases = r["tp"]["phases"]
         target = "decode" if r["policy"] == "ar" else "verify"
         assert phases[target]["calls"] == 1 + 2 * 24 and r["tp"]["collective_ms_per_step"] >= 0
+
+
+def test_refresh_search_under_nccl_equals_no_process_group(world1, models):
+    """`dustin profile --max-refresh` under --tp: the refresh search's teacher-forced passes with rank
+    0's NLLs shared over NCCL (`TensorParallel.share`) choose what they choose without a group."""
+    from types import SimpleNamespace
+
+    from dustin_profile.run import _refresh_layers
+
+    assert world1.share({"nll": [1.5, 2.25]}) == {"nll": [1.5, 2.25]}
+    g = torch.Generator().manual_seed(7)
+    wins = [SimpleNamespace(tokens=torch.randint(0, 132, (600,), generator=g).tolist()) for _ in range(4)]
+    cfg = SimpleNamespace(gamma=4, prefill_chunk=2048, max_refresh=2)
+    sparse = policy("dustin", *models["plain"]).cfg
+    out = {mode: _refresh_layers(sparse, cfg, t, d, wins[:2], wins[2:], world1 if mode == "tp" else None)
+           for mode, (t, d) in models.items()}
+    (layers, rec), (tp_layers, tp_rec) = out["plain"], out["tp"]
+    assert tp_layers == layers and tp_rec["stop"] == rec["stop"] and len(tp_rec["rounds"]) == len(rec["rounds"])
+    for k in ("ppl_ratio", "ppl_ratio_without"):
+        assert tp_rec[k] == pytest.approx(rec[k], rel=1e-3), k
+    assert tp_rec["heldout"]["dustin"] == pytest.approx(rec["heldout"]["dustin"], rel=1e-3)

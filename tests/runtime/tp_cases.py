@@ -104,3 +104,19 @@ def teacher_forced(tp, target: str, draft: str, sequences: list[list[int]], cont
     hooks = make_policy(policy, cfg, target=t, draft=d, measure_arr=policy != "full")
     res = teacher_forced_nll(t, d, sequences, context, gamma=3, hooks=hooks)
     return [res.nll, res.tokens, res.extra.get("arr")]
+
+
+def profile(tp, out: str, **cfg) -> str | None:
+    """`run_profile` (a ProfileConfig of `cfg`, written to `out`): rank 0's profile JSON, None on the others."""
+    import io
+
+    from rich.console import Console
+
+    from dustin_profile.run import ProfileConfig, run_profile
+    from dustin_runtime.io.files import share_outputs
+
+    if tp is not None:  # as the CLI joins the run: rank 0 alone writes
+        share_outputs(tp.rank, tp.agree)
+    cfg["calib"], cfg["budgets"] = tuple(cfg["calib"]), tuple(cfg["budgets"])
+    res = run_profile(ProfileConfig(out=out, **cfg), console=Console(file=io.StringIO()), tp=tp)
+    return None if res is None else res.profile.to_json()
