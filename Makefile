@@ -82,7 +82,8 @@ repro-72b: .stamp-install
 # one): the per-token agreement of sparse and full greedy on 16 eval windows x 256 tokens at 4k / 8k, S = 512 ..
 # 4096 (GPU, results/acceptance-exact), then bench e2e beside ar / full / dustin-vs at the 7B shapes (the
 # agreement replayed: put the measured one in AGREE) and on the SmolLM2 pair with real agreement.
-# S:P pairs: the budget and the agreement the embedded pair measured there at 8k (agreement-smollm2-8k.md).
+# S:P pairs: the budget and the embedded pair's agreement there (512: the 2k figure the committed run used;
+# 1024 / 2048: the 8k figures, agreement-smollm2-8k.md).
 AGREE ?= 512:0.946 1024:0.971 2048:0.981
 .PHONY: repro-exact-agreement bench-e2e-exact
 repro-exact-agreement: .stamp-install

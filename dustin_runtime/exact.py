@@ -54,7 +54,7 @@ from dustin_runtime.sampling import argmax, probs_from_logits, sample
 K_MAX = 6  # the confirmation pass's rows grow as K (gamma + 1): 20 rows a sequence is past the verify graph's cliff
 DEFAULT_K = 2  # measured best of K = 2, 3, 4 at 7B / 0.5B, 32k, batch 16, H200 (results/speed-exact): 1.10x / 1.03x / 0.95x standard speculative
 EXACT_BUDGET = 1024  # S of exact mode unless given (7B / 32k / 16, H200, K = 2: 1.10x / 1.23x / 1.18x standard
-# speculative at S = 512 / 1024 / 2048, with the agreement the embedded pair measured at 8k: 0.956 / 0.971 / 0.981)
+# speculative at S = 512 / 1024 / 2048, replaying the embedded pair's agreement: 0.946 (2k) / 0.971 / 0.981 (8k))
 SUFFIX = "-x"  # a policy name's suffix for exact mode: -x at DEFAULT_K, -xK at K (dustin-x, dustin-vs-x3, ...)
 KINDS = ("draft", "correction")  # an accepted draft; the token the target chose after them (correction or bonus)
 
