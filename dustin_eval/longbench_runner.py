@@ -115,6 +115,14 @@ def run_longbench(
         if tokenizer.eos_token_id is None:
             raise DustinError("the tokenizer has no eos token; pass eos_ids")
         eos_ids = [tokenizer.eos_token_id]
+    loaded = {}  # every dataset read and checked before any output is touched: bad data is refused as such
+    for dataset in datasets:
+        loaded[dataset] = load_dataset(data_dir, dataset, limit)
+        max_gen = max_new_tokens()[dataset]
+        if max_length - max_gen < 2:
+            raise DustinError(f"max length {max_length} leaves no room for {dataset}'s prompt beside its {max_gen} "
+                              f"new tokens: it needs models of more than {max_gen + 1} positions (or drop it from "
+                              "--datasets)")
     with FolderLock(out_dir):
         run_dir = Path(out_dir) / "predictions" / meta.run_name
         settings = {
@@ -133,11 +141,11 @@ def run_longbench(
         check_resume_key(run_dir / "key.json", key, tuple(sorted(run_dir.glob("*.jsonl"))), restart=restart,
                          where=str(run_dir))
         _write_run_json(run_dir, meta, settings)
-        return _run(generator, tokenizer, meta, run_dir, data_dir, out_dir, max_length, datasets, eos_ids, batch_size,
-                    limit, chat_template_kwargs, settings, on_record)
+        return _run(generator, tokenizer, meta, run_dir, loaded, out_dir, max_length, eos_ids, batch_size,
+                    chat_template_kwargs, settings, on_record)
 
 
-def _run(generator, tokenizer, meta, run_dir, data_dir, out_dir, max_length, datasets, eos_ids, batch_size, limit,
+def _run(generator, tokenizer, meta, run_dir, loaded, out_dir, max_length, eos_ids, batch_size,
          chat_template_kwargs, settings, on_record) -> list[dict]:
     want = {
         "policy": meta.policy,
@@ -147,13 +155,8 @@ def _run(generator, tokenizer, meta, run_dir, data_dir, out_dir, max_length, dat
         "max_length": max_length,
     }
 
-    for dataset in datasets:
-        samples = load_dataset(data_dir, dataset, limit)
+    for dataset, samples in loaded.items():
         max_gen = max_new_tokens()[dataset]
-        if max_length - max_gen < 2:
-            raise DustinError(f"max length {max_length} leaves no room for {dataset}'s prompt beside its {max_gen} "
-                              f"new tokens: it needs models of more than {max_gen + 1} positions (or drop it from "
-                              "--datasets)")
         path = run_dir / f"{dataset}.jsonl"
         done = repair_jsonl(path)
         done_keys = {r["_id"] for r in done}
