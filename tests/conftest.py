@@ -182,6 +182,43 @@ def stderr_lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
 
 
+def profile_artifact(out: Path):
+    """A profile artifact as (JSON, {table: DataFrame}, {plot: PNG bytes}) without what differs
+    between runs (time, seconds, command, windows recorded by this run, the git commit)."""
+    import pandas as pd
+
+    d = json.loads(Path(out).read_text())
+    d.pop("created")
+    d.pop("git_commit")  # provenance: the tree may change between the two runs
+    d["calibration"].pop("run")
+    tables = {name: pd.read_parquet(Path(out).parent / f) for name, f in d["tables"].items() if f.endswith(".parquet")}
+    plots = {name: (Path(out).parent / f).read_bytes() for name, f in d["tables"].items() if f.endswith(".png")}
+    return d, tables, plots
+
+
+def assert_same_profile(got: Path, want: Path) -> None:
+    """The profile artifacts at `got` and `want` are equal (`profile_artifact`)."""
+    import pandas as pd
+
+    (gd, gt, gp), (wd, wt, wp) = profile_artifact(got), profile_artifact(want)
+    assert gd == wd
+    assert gt.keys() == wt.keys()
+    for name in wt:
+        pd.testing.assert_frame_equal(gt[name], wt[name])
+    assert gp == wp
+
+
+def timeless(value):
+    """A result's JSON value without what differs between runs: its provenance (time, command, commit)
+    and every timing field (keys holding "seconds", or ending in "_s")."""
+    if isinstance(value, dict):
+        return {k: timeless(v) for k, v in value.items()
+                if k != "provenance" and "seconds" not in k and not k.endswith("_s")}
+    if isinstance(value, list):
+        return [timeless(v) for v in value]
+    return value
+
+
 @pytest.fixture(scope="session")
 def assert_one_line_error():
     """assert_one_line_error(p, *needles, code=None): no traceback, exit `code` (any non-zero when
