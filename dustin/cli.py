@@ -431,7 +431,8 @@ def bench_e2e(
                                       "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). Sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "
                                       "target and 2 draft KV heads over 2 layers, m = 112."),
-    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse policies."),
+    budget: int | None = typer.Option(None, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse "
+                                      "policies [default: 512; the -x policies exact mode's 1024, as decode]."),
     refresh_layers: RefreshLayers = "",
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records; the -x policies add "

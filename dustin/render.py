@@ -128,7 +128,7 @@ def e2e(res: dict, path, refresh_suffix: str = "-r") -> None:
     accepted = f"acceptance {c['acceptance']}" if sources <= {c["acceptance"]} else \
         f"{', '.join(sorted(sources))} acceptance"
     t = Table(title=f"{res['models']['target']} + {res['models']['draft']}, batch {c['batch']}, context {c['context']}, "
-                    f"gamma {c['gamma']}, S {c['budget']}, {accepted} ({res['environment']['gpu']})")
+                    f"gamma {c['gamma']}, S {res['shapes']['budget']}, {accepted} ({res['environment']['gpu']})")
     for col in ("policy", "ms/step", "graph sum", "byte floor", "tok/s", "accepted", "vs ar", "vs full"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in res["records"]:
