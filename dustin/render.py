@@ -64,7 +64,7 @@ def decode(out) -> None:
 
 
 def acceptance_record(r: dict) -> None:
-    arr = "" if r["arr"] is None else f", ARR {r['arr']:.3f}"
+    arr = "" if r.get("arr") is None else f", ARR {r['arr']:.3f}"
     if r.get("paired_retention") is not None:
         arr += f", paired retention {r['paired_retention']:.3f}"
     console.print(f"context {r['context']} {r['policy']:>12} S={r['budget']}: tau {r['tau']:.3f}{arr} "
