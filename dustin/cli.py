@@ -283,17 +283,19 @@ def eval_acceptance(
     restart: Restart = False,
     tp: TP = None,
 ) -> None:
-    """Mean accepted length, its retention vs full and ARR for every policy at every budget."""
+    """Mean accepted length, its retention vs full and ARR for every policy at every budget (policy ar:
+    vanilla greedy decoding too, and every run's output compared with it)."""
     from dustin_eval import acceptance as acc
     from dustin_profile.plan import pair_profile, parse_ints, parse_layers, parse_policies
     from dustin_runtime.lookup import LookupConfig
 
     chosen = tuple(parse_policies(policy))
+    vanilla, chosen = acc.VANILLA in chosen, tuple(p for p in chosen if p != acc.VANILLA)
     cfg = acc.AcceptanceConfig(
         contexts=tuple(parse_ints(contexts, "--contexts")), windows=windows, windows_per_book=windows_per_book,
         max_new_tokens=max_new_tokens, budgets=tuple(parse_ints(budget, "--budget")), policies=chosen,
         books_dir=str(books) if books else acc.AcceptanceConfig.books_dir, measure_arr=measure_arr,
-        paired=paired, lookup=None if draft_lookup is None else LookupConfig.parse(draft_lookup))
+        paired=paired, lookup=None if draft_lookup is None else LookupConfig.parse(draft_lookup), vanilla=vanilla)
     plans = acc.plan_budgets(chosen, cfg.budgets, pair_profile(profile, target, draft, chosen), draft_kv,
                              parse_layers(refresh_layers))
     with _session(out.parent, target, draft, tp, dtype=dtype, draft_vocab=draft_vocab) as (tgt, drf, _, _, group):
@@ -431,7 +433,8 @@ def bench_e2e(
                                       "dustin, streamingllm, quest, dustin-vs, streamingllm-vs). Sinks 4, "
                                       "window 64 (the product's); random weights have no profile: dustin scores 4 "
                                       "target and 2 draft KV heads over 2 layers, m = 112."),
-    budget: int = typer.Option(512, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse policies."),
+    budget: int | None = typer.Option(None, min=1, max=MAX_TOKENS, help="Verification budget S of the sparse "
+                                      "policies [default: 512; the -x policies exact mode's 1024, as decode]."),
     refresh_layers: RefreshLayers = "",
     acceptance: str = typer.Option("geometric:0.8", help="Replayed acceptance: geometric:ALPHA or a JSONL of "
                                                          "`dustin decode --json` records; the -x policies add "

@@ -9,7 +9,8 @@ conventional exit status, never a traceback.
   stdout sent to /dev/null first so that the interpreter's last flush cannot fail again.
 - Standard streams closed at start (`>&-`): /dev/null takes their file descriptors, so no file the
   run opens becomes fd 1 or 2 and nothing writes into it by mistake.
-- Arguments that are not UTF-8: one line, exit 2 (before anything else reads them).
+- Arguments that are not UTF-8, or empty (`--out-dir ''`): one line, exit 2 (before anything else
+  reads them).
 Under a launcher, ranks other than 0 print nothing (their errors are rank 0's too)."""
 
 from __future__ import annotations
@@ -58,13 +59,24 @@ def _quiet_stdout() -> None:
         pass
 
 
+EMPTY_OK = ("--alphas", "--prompt")  # '' skips the alpha sweep; an empty prompt has its own line
+
+
 def _argv_error(argv: list[str]) -> str | None:
+    """Arguments that are not UTF-8, or empty (`--out-dir ''` would write into the working folder,
+    `--target ''` read it as a checkpoint)."""
     for i, a in enumerate(argv):
         try:
             a.encode("utf-8")
         except UnicodeEncodeError:
             shown = a.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             return f"argument {i} ({shown!r}) is not UTF-8; give names and text in UTF-8"
+    for i, a in enumerate(argv):
+        opt, eq, value = a.partition("=") if a.startswith("--") else (argv[i - 1] if i else "", "", a)
+        if (eq or not a.startswith("--")) and not value.strip() and opt not in EMPTY_OK:
+            if opt.startswith("--"):
+                return f"{opt} is empty: give it a value, or leave {opt} out for its default"
+            return f"argument {i + 1} is empty: give it a value"
     return None
 
 

@@ -64,7 +64,7 @@ def decode(out) -> None:
 
 
 def acceptance_record(r: dict) -> None:
-    arr = "" if r["arr"] is None else f", ARR {r['arr']:.3f}"
+    arr = "" if r.get("arr") is None else f", ARR {r['arr']:.3f}"
     if r.get("paired_retention") is not None:
         arr += f", paired retention {r['paired_retention']:.3f}"
     console.print(f"context {r['context']} {r['policy']:>12} S={r['budget']}: tau {r['tau']:.3f}{arr} "
@@ -128,7 +128,7 @@ def e2e(res: dict, path, refresh_suffix: str = "-r") -> None:
     accepted = f"acceptance {c['acceptance']}" if sources <= {c["acceptance"]} else \
         f"{', '.join(sorted(sources))} acceptance"
     t = Table(title=f"{res['models']['target']} + {res['models']['draft']}, batch {c['batch']}, context {c['context']}, "
-                    f"gamma {c['gamma']}, S {c['budget']}, {accepted} ({res['environment']['gpu']})")
+                    f"gamma {c['gamma']}, S {res['shapes']['budget']}, {accepted} ({res['environment']['gpu']})")
     for col in ("policy", "ms/step", "graph sum", "byte floor", "tok/s", "accepted", "vs ar", "vs full"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in res["records"]:

@@ -16,7 +16,10 @@ the target's own token, per live sequence and step), its retention tau / tau(ful
 retention (on the policy's own steps, against what full verification accepts on the same context
 and drafts: free-running tau also moves with each policy's trajectory, the paired one does not),
 ARR (the mean share of the true verification attention the set captured), and `prefix`: the mean
-share of each sequence's tokens, from the start, identical to full verification's. Runs with sparse
+share of each sequence's tokens, from the start, identical to full verification's. With `vanilla`
+(policy `ar` on the command line) vanilla greedy decoding (`generate`, one token a forward, from the
+same shared prefill) runs too, and every record adds `prefix_vanilla`, the same share against its
+output: 1 for exact mode and full verification is the target's own output, token for token. Runs with sparse
 drafting (`draft_kv="verify-set"`) also report the paired drafting retention: on the same steps,
 the tokens per step full verification gives the set's drafts over those it gives the drafts of the
 draft's whole cache (each step drafted both ways, `SpecHooks.shadow_backend`).
@@ -65,6 +68,7 @@ class AcceptanceConfig:
     measure_arr: bool = True
     paired: bool = True
     lookup: LookupConfig | None = None  # drafts copied from each sequence's history where it repeats (every policy)
+    vanilla: bool = False  # also vanilla greedy decoding (the `ar` record), every record's prefix_vanilla against it
 
     def __post_init__(self):
         for p in self.policies:
@@ -95,6 +99,7 @@ def resume_key(cfg: AcceptanceConfig, configs: dict[int, SparseConfig], extra: M
         del common["lookup"]
     if cfg.windows_per_book == 1:  # the same
         del common["windows_per_book"]
+    del common["vanilla"]  # the ar record is keyed as any policy's
     runs = {f"S={b}": {k: v for k, v in asdict(c).items() if k != "source"} for b, c in sorted(configs.items())}
     return {**common, **dict(extra or {}), "runs": runs}
 
@@ -103,6 +108,23 @@ def _shared_prefill(model, prompts: list[list[int]], capacity: int, rows: int):
     cache = model.allocate_cache(len(prompts), capacity)
     prefill(model, cache, [p[: rows + 1] for p in prompts], default_backend(model.device))
     return cache
+
+
+VANILLA = "ar"  # the record of vanilla greedy decoding
+
+
+def _vanilla(model, prompts: list[list[int]], max_new_tokens: int, shared, capacity: int):
+    """Vanilla greedy decoding of `prompts` from the shared prefill (`_shared_prefill`'s target cache,
+    its rows): the first rows copied into a fresh engine's cache, as `speculative_generate` copies them."""
+    from dustin_runtime.engine import Engine
+    from dustin_runtime.generate import generate
+
+    eng = Engine(model)
+    cache, _ = eng.caches(len(prompts), capacity, draft=False)
+    rows = shared[2]
+    for a, b in zip(cache.k + cache.v, shared[0].k + shared[0].v, strict=True):
+        a[:, :, :rows].copy_(b[:, :, :rows])
+    return generate(model, prompts, max_new_tokens, engine=eng, prefilled=rows, cuda_graphs=False)
 
 
 def _prefix_share(tokens: list[list[int]], ref: list[list[int]]) -> float:
@@ -147,7 +169,7 @@ def run_acceptance(
 def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
     done = {(r["context"], r["policy"], r["budget"]): r for r in repair_jsonl(runs_path)}
     records = []
-    order = ["full"] + [p for p in cfg.policies if p != "full"]  # full verification: every policy's reference
+    order = ["full"] + [VANILLA] * cfg.vanilla + [p for p in cfg.policies if p != "full"]  # full: the reference
     for context in cfg.contexts:
         n = _prompt_len(context, cfg, target, draft)
         windows = list(iter_windows(target.tokenizer, cfg.books_dir, n, seed=cfg.seed, max_windows=cfg.windows,
@@ -156,15 +178,30 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
             raise DustinError(f"{cfg.books_dir}: only {len(windows)} windows of {n} tokens, {cfg.windows} asked: give "
                               "--data more or longer books, or fewer --windows, or shorter --contexts")
         prompts = [w.ids for w in windows]
-        todo = [(p, b) for p in order for b in (cfg.budgets if policy_class(p).budgeted else [None])
+        todo = [(p, b) for p in order if p != VANILLA for b in (cfg.budgets if policy_class(p).budgeted else [None])
                 if (context, p, b) not in done]
-        shared = None
+        if cfg.vanilla and (context, VANILLA, None) not in done:
+            todo.append((VANILLA, None))
+        shared, capacity = None, None
         if todo:
             rows = n - 1 - (cfg.gamma + 1)
             capacity = cache_capacity(prompts, [cfg.max_new_tokens] * len(prompts), cfg.gamma)
             shared = (_shared_prefill(target.model, prompts, capacity, rows),
                       _shared_prefill(draft.model, prompts, capacity, rows), rows)
         for policy in order:
+            if policy == VANILLA:
+                rec = done.get((context, policy, None))
+                if rec is None:
+                    res = _vanilla(target.model, prompts, cfg.max_new_tokens, shared, capacity)
+                    rec = {"context": context, "policy": policy, "budget": None, "prompt_tokens": n,
+                           "sequences": len(prompts), "books": [w.book for w in windows], "steps": res.stats.steps,
+                           "new_tokens": sum(res.stats.new_tokens), "accepted": 0.0, "tau": 1.0, "arr": None,
+                           "decode_s": res.stats.decode_seconds, "seconds": res.stats.seconds, "tokens": res.tokens}
+                    append_jsonl(runs_path, rec)
+                records.append(rec)
+                if on_record is not None:
+                    on_record(rec)
+                continue
             cls = policy_class(policy)
             for budget in cfg.budgets if cls.budgeted else [None]:
                 rec = done.get((context, policy, budget))
@@ -202,6 +239,9 @@ def _run(target, draft, configs, cfg, runs_path, on_record) -> list[dict]:
         full = next(f for f in records if f["context"] == r["context"] and f["policy"] == "full")
         r["retention"] = r["tau"] / full["tau"]
         r["prefix"] = _prefix_share(r["tokens"], full["tokens"])
+        ar = next((a for a in records if a["context"] == r["context"] and a["policy"] == VANILLA), None)
+        if ar is not None:
+            r["prefix_vanilla"] = _prefix_share(r["tokens"], ar["tokens"])
         r.update(intervals(r, full))
     return records
 
@@ -253,6 +293,7 @@ def intervals(r: dict, full: dict) -> dict:
 
 COLUMNS = ("context", "prompt_tokens", "policy", "budget", "tau", "tau_ci", "retention", "retention_ci", "paired_retention",
            "paired_retention_ci", "agree", "draft_retention", "draft_retention_ci", "arr", "arr_ci", "prefix",
+           "prefix_vanilla",
            "full_tau", "lookup_share", "agreement", "agreement_ci", "agreement_draft", "agreement_draft_ci",
            "agreement_correction", "agreement_correction_ci", "steps")
 
@@ -316,7 +357,7 @@ def write_acceptance(records: Sequence[dict], out_dir: str | Path, name: str, pr
             "draft's whole cache (each step drafted both ways). "
             "ARR = mean share of each verification query's true attention on the context that the set keeps "
             "(new tokens left out). prefix = mean share of each sequence's tokens identical to full "
-            "verification's, from the start. Intervals: 95% bootstrap over the windows (sequences)"
+            "verification's, from the start (prefix_vanilla: vanilla greedy decoding's, policy ar). Intervals: 95% bootstrap over the windows (sequences)"
             + (f", the {cfg.windows_per_book} windows of a book resampled together (books are the unit)."
                if cfg.windows_per_book > 1 else "."))
     if cfg.lookup is not None:

@@ -46,7 +46,7 @@ import torch
 from dustin_runtime.engine import Engine
 from dustin_runtime.errors import DustinError
 from dustin_runtime.exact import SUFFIX as EXACT
-from dustin_runtime.exact import split_exact
+from dustin_runtime.exact import exact_budget, split_exact
 from dustin_runtime.generate import cache_capacity, generate
 from dustin_runtime.io.files import atomic_path, atomic_write
 from dustin_runtime.sparse.config import SparseConfig
@@ -62,6 +62,7 @@ POLICIES = (AR, *TIMED, *_SPARSE_DRAFTED)  # the default: every timed policy, wi
 REFRESH_POLICIES = tuple(p + REFRESH for p in (*TIMED, *_SPARSE_DRAFTED)  # with --refresh-layers only
                          if policy_class(p.removesuffix(SPARSE_DRAFT)).refreshes)
 EXACT_POLICIES = tuple(p + EXACT for p in (*TIMED, *_SPARSE_DRAFTED, *REFRESH_POLICIES))  # exact mode (-x, last)
+BUDGET = 512  # S of the lossy sparse policies unless --budget is given (the -x policies: `exact_budget`)
 AGREE = ":agree="  # --acceptance SPEC:agree=P: the -x policies' replayed per-token agreement (random weights)
 
 
@@ -97,7 +98,7 @@ class E2EConfig:
     batch: int = 16
     context: int = 32768
     gamma: int = 4
-    budget: int = 512
+    budget: int | None = None  # S of every sparse policy; None: BUDGET, the -x policies `exact_budget` (1024)
     policies: tuple[str, ...] = POLICIES
     acceptance: str = "geometric:0.8"
     new_tokens: int = 64
@@ -113,6 +114,13 @@ class E2EConfig:
     refresh_layers: tuple[int, ...] = ()  # target layers of the -r policies' refresh
     draft_vocab: str | None = None  # the draft's head over a vocabulary subset: K (random weights) or PATH:K
     draft_lookup: str | None = None  # context lookup beside the draft (MAX[:MIN]), every speculative policy
+
+    def budget_of(self, policy: str) -> int:
+        """The budget S `policy` runs at: the given one, else what `dustin decode` would use (exact mode's
+        default for a -x policy, BUDGET for the others)."""
+        if self.budget is not None:
+            return self.budget
+        return exact_budget(None) if split_exact(policy)[1].on else BUDGET
 
     def lookup(self):
         """The parsed `draft_lookup` (a LookupConfig), or None."""
@@ -158,8 +166,9 @@ class E2EConfig:
                               f"{2 * (self.gamma + 2)}")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             raise DustinError(f"alphas must lie in [0, 1], got {list(self.alphas)}")
-        SparseConfig(budget=self.budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets
-                     refresh_layers=self.refresh_layers)  # and refresh layers out of order
+        for budget in sorted({self.budget_of(p) for p in self.policies}):
+            SparseConfig(budget=budget, sinks=self.sinks, window=self.window, m=self.m,  # refuses bad sets
+                         refresh_layers=self.refresh_layers)  # and refresh layers out of order
 
 
 # ---------------------------------------------------------------- replayed acceptance
@@ -319,8 +328,9 @@ def srh_heads(model_cfg, n: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]
 
 def sparse_config(cfg: E2EConfig, pair: Pair) -> SparseConfig:
     """The dustin set of the bench: `srh` target and `draft_srh` draft retrieval KV heads, m rows by
-    the draft's lookahead (the same budget, sinks and window serve streamingllm and quest)."""
-    return SparseConfig(budget=cfg.budget, sinks=cfg.sinks, window=cfg.window, m=cfg.m,
+    the draft's lookahead (the same budget, sinks and window serve streamingllm and quest; `run_e2e`
+    gives each policy a config at its `budget_of`)."""
+    return SparseConfig(budget=cfg.budget_of(""), sinks=cfg.sinks, window=cfg.window, m=cfg.m,
                         draft_heads=srh_heads(pair.draft.cfg, cfg.draft_srh) if cfg.m else (),
                         target_heads=srh_heads(pair.target.cfg, cfg.srh), source="bench e2e")
 
@@ -375,7 +385,7 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
 
     t, d, tp = pair.target.cfg, pair.draft.cfg, pair.target.tp
     P = 1 if tp is None else tp.world
-    B, L, M, el = cfg.batch, cfg.context, cfg.gamma + 1, 2
+    B, L, M, el, S = cfg.batch, cfg.context, cfg.gamma + 1, 2, cfg.budget_of(policy)
     w_t, w_d = pair.target.weight_bytes_read(), pair.draft.weight_bytes_read()
     kv_row_t = t.kv_bytes_per_token(el) // P  # K and V of one token, all layers, this rank's KV heads
     F = cfg.gamma  # draft forwards per step
@@ -387,12 +397,12 @@ def byte_floor(pair: Pair, policy: str, cfg: E2EConfig, scfg: SparseConfig, copy
     policy, sparse_draft, refresh = split_policy(policy)
     kd = t.head_dim  # key width the target's scorers read
     if sparse_draft:  # the draft reads the set, the commits and its drafts, not its cache
-        draft_step = F * (w_d + B // P * (cfg.budget + 2 * M) * d.kv_bytes_per_token(el))
+        draft_step = F * (w_d + B // P * (S + 2 * M) * d.kv_bytes_per_token(el))
     cls = policy_class(policy)
     if not cls.budgeted:
         target = w_t + B * L * kv_row_t
     else:
-        target = w_t + B * (cfg.budget + M) * kv_row_t
+        target = w_t + B * (S + M) * kv_row_t
         if cls.needs_heads:  # each retrieval KV head's keys over the context, target and draft
             srh = max(len(local_heads(scfg.target_heads, tp, t, rank=r)) for r in range(P)) if tp else \
                 len(scfg.target_heads)
@@ -452,7 +462,6 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         raise DustinError(f"--batch {cfg.batch} does not divide over --tp {tp.world} (the draft splits the batch)")
     copy = copy_bandwidth_tbps()["tbps"]
     pair = load_pair(cfg, tp)
-    scfg = sparse_config(cfg, pair)
     eng = Engine(pair.target, pair.draft, graphs=True)
     max_steps = cfg.new_tokens + 1
     if pair.random:  # the caches hold `context` random rows; prefill runs only the last gamma + 1
@@ -466,12 +475,16 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
     counts = replay_counts(cfg.acceptance, cfg.gamma, max_steps, cfg.batch, cfg.seed) if pair.random else None
     rows = max(split_exact(p)[1].rows(cfg.gamma) for p in cfg.policies)
     agree = agreement_counts(cfg.acceptance, rows, max_steps, cfg.batch, cfg.seed) if pair.random and rows else None
+    at = {p: replace(cfg, budget=cfg.budget_of(p)) for p in cfg.policies}  # each policy's budget S
+    sets = {p: sparse_config(c, pair) for p, c in at.items()}
     records = []
     for policy in cfg.policies:
         for _ in range(2):  # the first call captures the graphs, the second is timed
-            res = _run(pair, eng, policy, cfg, scfg, counts, agree)
+            res = _run(pair, eng, policy, at[policy], sets[policy], counts, agree)
         rec = _record(policy, res, AR if policy == AR else source, time_phases(eng, cfg.phase_reps),
-                      byte_floor(pair, policy, cfg, scfg, copy))
+                      byte_floor(pair, policy, at[policy], sets[policy], copy))
+        rec["budget"] = None if policy == AR or not policy_class(split_policy(policy)[0]).budgeted else \
+            at[policy].budget
         if tp is not None:
             rec["tp"] = step_costs(eng, tp, cfg.phase_reps)
         records.append(rec)
@@ -482,7 +495,7 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
         for alpha in cfg.alphas:
             c = geometric_counts(alpha, cfg.gamma, max_steps, cfg.batch, cfg.seed)
             for policy in cfg.policies:
-                res = _run(pair, eng, policy, cfg, scfg, None if policy == AR else c, agree)
+                res = _run(pair, eng, policy, at[policy], sets[policy], None if policy == AR else c, agree)
                 sweep.append({"alpha": alpha, "policy": policy, "tokens_per_s": res.stats.tokens_per_s,
                               "ms_per_step": res.stats.ms_per_step,
                               "mean_accepted": res.stats.mean_accepted if policy != AR else 0.0})
@@ -505,11 +518,11 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
                    "target_params": pair.target.cfg.num_params(), "draft_params": pair.draft.cfg.num_params(),
                    "weights": "random (N(0, 0.02)), bf16" if pair.random else "checkpoint, bf16",
                    "draft_head_tokens": None if pair.draft.head_ids is None else int(pair.draft.head_ids.numel())},
-        "shapes": {"batch": cfg.batch, "context": cfg.context, "gamma": cfg.gamma, "budget": cfg.budget,
+        "shapes": {"batch": cfg.batch, "context": cfg.context, "gamma": cfg.gamma, "budget": budget_label(cfg),
                    "new_tokens": cfg.new_tokens, "capacity": eng.tcache.max_len},
-        "sparse": {"sinks": scfg.sinks, "window": scfg.window, "m": scfg.m,
-                   "target_heads": [list(h[:2]) for h in scfg.target_heads],
-                   "draft_heads": [list(h[:2]) for h in scfg.draft_heads],
+        "sparse": {"sinks": cfg.sinks, "window": cfg.window, "m": cfg.m,
+                   "target_heads": [list(h[:2]) for h in next(iter(sets.values())).target_heads],
+                   "draft_heads": [list(h[:2]) for h in next(iter(sets.values())).draft_heads],
                    "refresh_layers": list(cfg.refresh_layers)},
         "copy_tbps": copy,
         "tp": None if tp is None else {"world": tp.world,
@@ -524,6 +537,16 @@ def run_e2e(cfg: E2EConfig, command: str, on_record=None, tp=None) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     return out
+
+
+def budget_label(cfg: E2EConfig) -> str:
+    """The budgets S of a run's sparse policies: one number, or `-x` policies' apart ("512, -x 1024")."""
+    sparse = [p for p in cfg.policies if p != AR and policy_class(split_policy(p)[0]).budgeted]
+    lossy = sorted({cfg.budget_of(p) for p in sparse if not split_exact(p)[1].on})
+    exact = sorted({cfg.budget_of(p) for p in sparse if split_exact(p)[1].on})
+    if not exact or exact == lossy:
+        return ", ".join(map(str, lossy or exact)) or "-"
+    return ", ".join([*map(str, lossy), *(f"-x {b}" for b in exact)])
 
 
 def result_path(out_dir: Path, res: dict) -> Path:
@@ -561,7 +584,8 @@ def plot_alpha(res: dict, path: Path) -> Path:
     c = res["config"]
     ax.set_xlabel("per-token acceptance alpha (replayed)")
     ax.set_ylabel("tokens / s (whole batch)")
-    ax.set_title(f"{c['target']}, batch {c['batch']}, context {c['context']}, gamma {c['gamma']}, S {c['budget']}",
+    ax.set_title(f"{c['target']}, batch {c['batch']}, context {c['context']}, gamma {c['gamma']}, "
+                 f"S {res['shapes']['budget']}",
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

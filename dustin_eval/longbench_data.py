@@ -150,6 +150,9 @@ def load_dataset(source: str | Path, dataset: str, limit: int | None = None) -> 
         samples.append(sample)
         if limit is not None and len(samples) >= limit:
             break
+    if not samples:  # an empty file would give an empty summary and exit 0
+        raise DustinError(f"{source}: {dataset} holds no samples (an empty file?): give its LongBench JSONL, or "
+                          "drop it from --datasets")
     return samples
 
 

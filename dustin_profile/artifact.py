@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import get_args, get_origin, get_type_hints
@@ -199,7 +200,7 @@ def _heads(d: dict, key: str, where: str) -> tuple[HeadChoice, ...]:
 
 
 def _m_by_budget(mb, where: str) -> dict[int, int]:
-    if not isinstance(mb, dict) or not all(k.lstrip("-").isdigit() and _is(v, int) for k, v in mb.items()):
+    if not isinstance(mb, dict) or not all(re.fullmatch("[0-9]+", k, re.ASCII) and _is(v, int) for k, v in mb.items()):
         raise DustinError(f"{where}: field m_by_budget must map budgets to integers, got {json.dumps(mb)[:40]}")
     return {int(k): v for k, v in mb.items()}
 

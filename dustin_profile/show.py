@@ -26,7 +26,33 @@ def _table(prof: Profile, folder: Path | None, name: str):
     missing = [c for c in COLUMNS[name] if c not in df.columns]
     if missing:
         raise DustinError(f"{path}: not a profile {name} table (no column {missing[0]!r})")
+    bad = _damage(df, name)
+    if bad:
+        raise DustinError(f"{path}: not a profile {name} table ({bad})")
     return df
+
+
+def _damage(df, name: str) -> str | None:
+    """What makes a table with the right columns unprintable (wrong types, gaps, duplicates), or None."""
+    import pandas as pd
+
+    numeric = {"budgets": ("budget", "arr", "m"), "rounds": ("round", "m", "arr", "gain")}[name]
+    for c in numeric:
+        if not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]):
+            return f"column {c!r} holds {df[c].dtype}, not numbers"
+    for c in ("budget", "arr") if name == "budgets" else ("round", "m", "arr"):
+        if df[c].isna().any():
+            return f"column {c!r} has empty cells"
+    if name == "rounds":
+        return None
+    if not all(isinstance(v, str) for v in df["method"]):
+        return "column 'method' must hold names"
+    if df.duplicated(["method", "budget"]).any():
+        return "a method appears twice at one budget"
+    ours = df[df.method == "dustin"]
+    if set(ours["budget"]) != set(df["budget"]) or ours["m"].isna().any():
+        return "dustin's row (with its m) is missing at some budget"
+    return None
 
 
 def _sub(d: dict, key: str) -> dict:

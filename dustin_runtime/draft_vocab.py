@@ -29,32 +29,46 @@ def parse_spec(spec: str) -> tuple[Path | None, int]:
     return (Path(path) if path else None), n
 
 
-def read_counts(path: Path) -> tuple[dict, torch.Tensor]:
-    """(meta, counts [V] int64) of a token-counts artifact; one clear error for a bad file."""
+def read_counts(path: Path, rows: int | None = None) -> tuple[dict, torch.Tensor]:
+    """(meta, counts [V] int64) of a token-counts artifact; one clear error for a bad file. `rows`
+    (the draft's vocabulary rows) bounds V before anything of that size is allocated."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         meta = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DustinError(f"{path}: no such token-counts file (make one with `dustin profile vocab`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise DustinError(f"{path}: not a token-counts JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("kind") != "token-counts":
         raise DustinError(f"{path}: not a token-counts artifact (kind {meta.get('kind') if isinstance(meta, dict) else None!r})")
     if meta.get("schema_version") != 1:
         raise DustinError(f"{path}: token-counts schema_version {meta.get('schema_version')!r}; this dustin reads 1 "
                           "(count again with `dustin profile vocab --draft D`)")
-    table = Path(path).parent / str(meta.get("table", ""))
+    V = meta.get("vocab_size")
+    if isinstance(V, bool) or not isinstance(V, int) or V < 1:
+        raise DustinError(f"{path}: field vocab_size must be a positive integer, got {json.dumps(V)[:40]}")
+    if rows is not None and V > rows:
+        raise DustinError(f"{path}: vocab_size {V} is more than the draft's {rows} rows (counted for another model?)")
+    if not isinstance(meta.get("table"), str) or not meta["table"]:
+        raise DustinError(f"{path}: field table must name the counts table beside it, got {json.dumps(meta.get('table'))[:40]}")
+    table = Path(path).parent / meta["table"]
     try:
-        t = pq.read_table(table, columns=["token_id", "count"]).to_pydict()
+        t = pq.read_table(table, columns=["token_id", "count"])
     except Exception as e:  # pyarrow raises several types for a missing or bad file
         raise DustinError(f"{table}: cannot read the token counts table ({str(e).splitlines()[0]})") from None
-    V = int(meta.get("vocab_size", 0))
-    ids = torch.tensor(t["token_id"], dtype=torch.long)
-    if V < 1 or ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= V:
+    cols = [t.column(c) for c in ("token_id", "count")]
+    if not all(pa.types.is_integer(c.type) and c.null_count == 0 for c in cols):
+        raise DustinError(f"{table}: token_id and count must be integer columns without nulls, got "
+                          f"{', '.join(str(c.type) for c in cols)}")
+    ids, n = (torch.from_numpy(c.to_numpy().astype("int64")) for c in cols)
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= V:
         raise DustinError(f"{table}: token ids outside [0, {V})")
+    if int(n.min()) < 0:
+        raise DustinError(f"{table}: negative token counts")
     counts = torch.zeros(V, dtype=torch.long)
-    counts[ids] = torch.tensor(t["count"], dtype=torch.long)
+    counts[ids] = n
     return meta, counts
 
 
@@ -72,13 +86,11 @@ def subset_for(spec: str, vocab_size: int, tokenizer=None, keep: tuple[int, ...]
     path, k = parse_spec(spec)
     if path is None:
         return torch.arange(min(k, vocab_size))
-    meta, counts = read_counts(path)
+    meta, counts = read_counts(path, vocab_size)
     if tokenizer is not None:
         from dustin_runtime.tokenizer import vocab_hash
 
         if meta.get("tokenizer_hash") != vocab_hash(tokenizer):
             raise DustinError(f"{path}: counted with another tokenizer (hash {meta.get('tokenizer_hash')}) than "
                               f"the draft's ({vocab_hash(tokenizer)}): count again with `dustin profile vocab --draft D`")
-    if counts.numel() > vocab_size:
-        raise DustinError(f"{path}: {counts.numel()} token ids, more than the draft's {vocab_size} rows")
     return top_ids(counts, k, keep)

@@ -324,8 +324,8 @@ def _build_gguf_cache(path: Path, cached: Path) -> dict[str, torch.Tensor]:
     except Exception as e:
         raise DustinError(f"{path}: unsupported GGUF model config ({type(e).__name__}: {_first_line(e)})") from None
     tensors = _gguf_meta(path, tensors=True, hf_model=hf)["tensors"]
-    _stamp_of(cached).unlink(missing_ok=True)
     try:
+        _stamp_of(cached).unlink(missing_ok=True)
         with atomic_path(cached) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
                       metadata={"config": json.dumps(meta["config"])})

@@ -46,10 +46,16 @@ def pick_device(device: str | None) -> str:
     """'cuda' when available and not overridden, else 'cpu'; refuses cuda without a GPU."""
     if device is None or device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DustinError("--device cuda asked for, but no CUDA GPU is visible")
-    if device.split(":")[0] not in ("cpu", "cuda"):
-        raise DustinError(f"unknown device {device!r}; use cpu or cuda")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):  # 'cpu:x', 'cuda:abc', ''
+        d = None
+    if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index not in (None, 0)):
+        raise DustinError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise DustinError(f"device {device!r} asked for, but no CUDA GPU is visible")
+    if d.index is not None and d.type == "cuda" and d.index >= torch.cuda.device_count():
+        raise DustinError(f"device {device!r}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
     return device
 
 

@@ -108,6 +108,26 @@ def make_tiny_hf_fixture():
     return make_tiny_hf
 
 
+def make_noisy_pair(folder, seed: int, noise: float, device: str = "cpu", **overrides):
+    """A tiny llama3 target saved to `folder` (seed) and, as its draft, a copy with every weight moved by
+    noise x its std (seed + 1): they agree often but not always. Returns (target, draft) Transformers."""
+    from dustin_runtime.loader import load_model
+
+    make_tiny_hf("llama3", folder, seed=seed, **overrides)
+    target, draft = load_model(str(folder), device=device)[0], load_model(str(folder), device=device)[0]
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=g).to(p.device))
+    return target, draft
+
+
+@pytest.fixture(name="make_noisy_pair", scope="session")
+def make_noisy_pair_fixture():
+    """`make_noisy_pair(folder, seed, noise, device="cpu", **overrides)`: a tiny target and a noisy copy."""
+    return make_noisy_pair
+
+
 @pytest.fixture(params=sorted(TINY))
 def tiny_kind(request):
     """Each tiny configuration of `TINY` in turn (llama3, mistral, qwen2, qwen2-yarn, qwen3)."""

@@ -129,18 +129,59 @@ def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
     sample = {"input": "", "context": "news " * 50, "answers": ["a"], "length": 50, "dataset": "multi_news",
               "language": "en", "all_classes": None, "_id": "s0"}
     for name, content in {"lb_latin1": LATIN1, "lb_notjson": b"{\n", "lb_fields": b'{"input": "x"}\n',
-                          "lb_ok": json.dumps(sample).encode() + b"\n"}.items():
+                          "lb_ok": json.dumps(sample).encode() + b"\n", "lb_empty": b"", "lb_blank": b"\n \n"}.items():
         (x / name).mkdir()
         (x / name / "multi_news.jsonl").write_bytes(content)
     (x / "books_latin1").mkdir()
     (x / "books_latin1" / "b.txt").write_bytes(LATIN1 * 1000)
     (x / "books").mkdir()
     (x / "books" / "b.txt").write_text("The river ran past the house every morning. " * 400)
+    side_files(x, d, g)
     meta_work = x / "resumed.work"
     meta_work.mkdir()
     (meta_work / "meta.json").write_text("")  # what a kill during its (old, non-atomic) write left
     (meta_work / "w000.pt").write_bytes(b"a window")
     return {k: str(v) for k, v in s.items()}
+
+
+def side_files(x, draft, profile: dict) -> None:
+    """Damaged side files under x: token counts (x/v/), profiles with budget keys that look numeric
+    but are not (pk_*.json), profiles whose parquet tables are damaged (tb_*.json beside tb_*.parquet)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dustin_profile.vocab import write_token_counts
+    from dustin_runtime.loader import resolve_checkpoint
+    from dustin_runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(resolve_checkpoint(str(draft)))
+    (x / "v").mkdir()
+    counts = np.arange(len(tok), dtype=np.int64)[::-1].copy()
+    meta = json.loads(write_token_counts(x / "v" / "v.json", counts, tok, books="test", n_books=1,
+                                         model_id="draft").read_text())
+    for name, over in {"vocab_str": {"vocab_size": "abc"}, "vocab_huge": {"vocab_size": 10**15},
+                       "vocab_float": {"vocab_size": len(tok) + 0.5}, "vocab_bool": {"vocab_size": True},
+                       "vocab_list": {"vocab_size": [1]}, "table_null": {"table": None}}.items():
+        (x / "v" / f"{name}.json").write_text(json.dumps({**meta, **over}))
+    for name, cols in {"t_str": {"token_id": ["a", "b"], "count": [1, 2]}, "t_null": {"token_id": [0, 1], "count": [3, None]},
+                       "t_neg": {"token_id": [0, 1], "count": [-5, 2]}}.items():
+        pq.write_table(pa.table(cols), x / "v" / f"{name}.parquet")
+        (x / "v" / f"{name}.json").write_text(json.dumps({**meta, "table": f"{name}.parquet"}))
+    for name, keys in {"pk_superscript": {"\u00b2": 1}, "pk_dashes": {"--64": 1}, "pk_arabic": {"\u0666\u0664": 1},
+                       "pk_float": {"64.0": 1}}.items():
+        (x / f"{name}.json").write_text(json.dumps({**profile, "m_by_budget": keys}))
+    for name, kind, df in (
+        ("tb_str", "budgets", pd.DataFrame({"method": ["dustin"], "budget": [64], "arr": ["high"], "m": [20]})),
+        ("tb_dup", "budgets", pd.DataFrame({"method": ["dustin"] * 2, "budget": [64, 64], "arr": [0.1, 0.2], "m": [20, 20]})),
+        ("tb_no_dustin", "budgets", pd.DataFrame({"method": ["quest"], "budget": [64], "arr": [0.1], "m": [float("nan")]})),
+        ("tr_str", "rounds", pd.DataFrame({"round": ["a"], "added": [None], "m": [1], "arr": ["x"], "gain": [0.0]})),
+        ("tr_gap", "rounds", pd.DataFrame({"round": [0, 1], "added": [None, "t0"], "m": [1, 2], "arr": [0.1, None],
+                                           "gain": [0.0, 0.1]})),
+    ):
+        df.to_parquet(x / f"{name}.parquet")
+        (x / f"{name}.json").write_text(json.dumps({**profile, "tables": {kind: f"{name}.parquet"}}))
 
 
 HUGE = "99999999999999999999"
@@ -407,6 +448,36 @@ CASES = {
                                          "--draft-vocab", "{X}/none.json:8"], ["no such token-counts file"]),
     "decode-draft-vocab-not-counts": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a",
                                        "--draft-vocab", "{X}/file.txt:8"], ["not a token-counts JSON"]),
+    # side files: token counts, profile keys, profile tables (one line, never a traceback or a huge allocation)
+    **{f"draft-vocab-{n}": (["decode", "--target", "{T}", "--draft", "{D}", "--prompt", "a", "--draft-vocab",
+                             f"{{X}}/v/{n}.json:8"], needles) for n, needles in {
+        "vocab_str": ["vocab_size must be a positive integer", '"abc"'],
+        "vocab_huge": ["vocab_size 1000000000000000 is more than the draft's 1024 rows"],
+        "vocab_float": ["vocab_size must be a positive integer"], "vocab_bool": ["vocab_size must be a positive integer"],
+        "vocab_list": ["vocab_size must be a positive integer"], "table_null": ["field table must name"],
+        "t_str": ["integer columns without nulls"], "t_null": ["integer columns without nulls"],
+        "t_neg": ["negative token counts"]}.items()},
+    **{f"show-{n}": ([*SHOW, f"{{X}}/{n}.json"], ["m_by_budget must map budgets to integers"])
+       for n in ("pk_superscript", "pk_dashes", "pk_arabic", "pk_float")},
+    "decode-profile-key-superscript": ([*SPEC, "--policy", "dustin", "--profile", "{X}/pk_superscript.json"],
+                                       ["m_by_budget must map budgets to integers"]),
+    **{f"show-table-{n}{'-markdown' if md else ''}": ([*SHOW, *(["--markdown"] if md else []), f"{{X}}/{n}.json"],
+                                                      [f"{n}.parquet: not a profile", why])
+       for n, why in {"tb_str": "column 'arr' holds", "tb_dup": "a method appears twice", "tb_no_dustin": "dustin's row",
+                      "tr_str": "column 'round' holds", "tr_gap": "column 'arr' has empty cells"}.items()
+       for md in (False, True)},
+    "longbench-data-empty-file": ([*LB, "--data", "{X}/lb_empty"], ["multi_news holds no samples"]),
+    "longbench-data-blank-lines": ([*LB, "--data", "{X}/lb_blank"], ["multi_news holds no samples"]),
+    # empty values: refused before any command reads them ('' as a path is the working folder)
+    **{f"empty-{a.strip('-')}-{i}": ([*args, a, ""], [f"{a} is empty", f"leave {a} out"]) for i, (args, a) in enumerate([
+        (DEC[:3], "--target"), (DEC, "--draft"), (DEC[:3], "--prompts"), (SPEC, "--profile"), (SPEC, "--policy"),
+        (SPEC, "--draft-vocab"), (PROF, "--out"), (PROF, "--calib"), (["profile", "vocab", "--draft", "{D}"], "--out"),
+        (ACC, "--out"), (ACC, "--contexts"), (LB, "--datasets"), (LB, "--out-dir"), (PG, "--out-dir"), (PG, "--data"),
+        (PK, "--out-dir"), (["profile", "show", "{P}"], "--target"), (["bench", "e2e"], "--policy"),
+        (["bench", "attention"], "--shape")])},
+    "empty-value-with-equals": ([*PG, "--out-dir="], ["--out-dir is empty"]),
+    "empty-blank-value": ([*PG, "--out-dir", "  "], ["--out-dir is empty"]),
+    "empty-argument": ([*SHOW, ""], ["argument 3 is empty"]),
     "bench-e2e-draft-lookup-zero": (["bench", "e2e", "--draft-lookup", "0"], ["1 <= min <= max"]),
     "bench-e2e-draft-lookup-tp": (["bench", "e2e", "--draft-lookup", "4", "--tp", "2"], ["one process"]),
     "decode-draft-lookup-no-draft": (["decode", "--target", "{T}", "--prompt", "a", "--draft-lookup", "4"],
@@ -474,3 +545,34 @@ def test_truncated_profile_never_traceback(cli, S, tmp_path, assert_one_line_err
         assert_one_line_error(p, str(path), code=2)
     p = cli("profile", "show", S["P"])
     assert p.returncode == 0 and "retrieval heads" in p.stdout, p.stderr
+
+
+def test_damaged_gguf_caches_are_rebuilt(cli, S, tmp_path):
+    """The GGUF conversion and tokenizer caches truncated, overwritten, emptied or turned into
+    folders (and a cache root that is a file): each run rebuilds or skips them and decodes the same
+    tokens as the first."""
+    args = ["decode", "--target", S["G"], "--prompt", "hi there", "--max-new-tokens", "4", "--json"]
+
+    def tokens(cache):
+        p = cli(*args, env={"DUSTIN_CACHE": str(cache)})
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        return json.loads(p.stdout.splitlines()[-1])["tokens"]
+
+    cache = tmp_path / "cache"
+    want = tokens(cache)
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
+    assert {p.parent.name for p in files} == {"gguf", "tokenizers"}, files
+    damage = {"truncated": lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]),
+              "garbage": lambda f: f.write_bytes(b'{"format": 1, "files": {"tokenizer.json": "zz"}}'
+                                                 if f.suffix == ".json" else bytes(64)),
+              "empty": lambda f: f.write_bytes(b""),
+              "folder": lambda f: (f.unlink(), f.mkdir())}
+    for name, spoil in damage.items():
+        for f in files:
+            if f.is_dir():
+                f.rmdir()
+                f.write_bytes(b"x")
+            spoil(f)
+        assert tokens(cache) == want, name
+    (tmp_path / "file").write_text("not a folder")
+    assert tokens(tmp_path / "file") == want

@@ -182,3 +182,29 @@ def test_acceptance_of_exact_policies_records_the_agreement(setup):
     assert by[("streamingllm", 12)]["prefix"] < 1 and by[("streamingllm-x", 12)]["agreement"] < 1
     _, m = write_acceptance(recs, root / "x", "x", provenance(), cfg, configs)
     assert "per-token agreement" in m.read_text()
+
+
+def test_acceptance_with_vanilla_compares_every_output_with_vanilla_decoding(setup):
+    """vanilla: the ar record is plain greedy decoding (equal to `generate` from scratch, not from the shared
+    prefill), and every record's prefix_vanilla is its share against it: 1 for full and exact mode, below 1
+    for a lossy policy on a set far smaller than the context."""
+    from dustin_eval.pg19 import iter_windows
+    from dustin_runtime.generate import generate
+
+    tgt, drf, books, root = setup
+    cfg = AcceptanceConfig(contexts=(130,), windows=3, max_new_tokens=12, gamma=3, budgets=(12,),
+                           policies=("full", "streamingllm", "streamingllm-x"), books_dir=str(books),
+                           measure_arr=False, paired=False, vanilla=True)
+    configs = {12: SparseConfig.all_heads(tgt.model.cfg, drf.model.cfg, 12, sinks=2, window=4)}
+    runs = root / "v" / "v.runs.jsonl"
+    recs = run_acceptance(tgt, drf, configs, cfg, runs)
+    by = {r["policy"]: r for r in recs}
+    prompts = [w.ids for w in iter_windows(tgt.tokenizer, str(books), 130, seed=0, max_windows=3)]
+    assert by["ar"]["tokens"] == generate(tgt.model, prompts, 12).tokens and by["ar"]["budget"] is None
+    assert by["full"]["prefix_vanilla"] == 1 and by["streamingllm-x"]["prefix_vanilla"] == 1
+    assert by["streamingllm"]["prefix_vanilla"] < 1
+    again = run_acceptance(tgt, drf, configs, cfg, runs)  # resumed: the ar record too, nothing decoded again
+    assert len(runs.read_text().splitlines()) == len(recs) == 4
+    assert [r["tokens"] for r in again] == [r["tokens"] for r in recs]
+    _, m = write_acceptance(recs, root / "v", "v", provenance(), cfg, configs)
+    assert "prefix_vanilla" in m.read_text()

@@ -195,3 +195,26 @@ def test_byte_floor_of_an_exact_policy_adds_a_full_pass_every_k_steps():
     plain, exact, exact3 = (byte_floor(pair, p, cfg, scfg, 1.0)["bytes"] for p in cfg.policies)
     full = byte_floor(pair, "ar", cfg, scfg, 1.0)["bytes"]  # the weights and every KV row once
     assert exact - plain == pytest.approx(full / DEFAULT_K) and exact3 - plain == pytest.approx(full / 3)
+
+
+def test_each_policy_runs_at_the_budget_decode_would_use():
+    from dustin_eval.bench_e2e import BUDGET, budget_label
+    from dustin_runtime.exact import exact_budget
+
+    cfg = E2EConfig(policies=("ar", "full", "dustin-vs", "dustin-vs-x", "quest-x3"), acceptance="geometric:0.8:agree=0.97")
+    cfg.check()
+    assert [cfg.budget_of(p) for p in ("dustin-vs", "dustin-vs-x", "quest-x3")] == [BUDGET, exact_budget(None),
+                                                                                     exact_budget(None)]
+    assert exact_budget(None) != BUDGET and budget_label(cfg) == f"{BUDGET}, -x {exact_budget(None)}"
+    given = replace(cfg, budget=768)  # --budget: every sparse policy at it
+    assert {given.budget_of(p) for p in cfg.policies} == {768} and budget_label(given) == "768"
+    assert budget_label(replace(cfg, policies=("ar", "full"))) == "-"
+    with pytest.raises(DustinError, match="smaller than sinks"):  # each policy's budget is checked
+        replace(cfg, budget=None, sinks=600, m=0).check()
+    pair = tiny_pair()
+    small = replace(cfg, target="tiny", draft="tiny", batch=2, context=40, gamma=2, sinks=2, window=4, m=4, srh=2,
+                    draft_srh=1)
+    lossy, exact = (byte_floor(pair, p, replace(small, budget=small.budget_of(p)), sparse_config(small, pair), 1.0)
+                    for p in ("dustin-vs", "dustin-vs-x"))
+    assert byte_floor(pair, "dustin-vs-x", small, sparse_config(small, pair), 1.0) == exact  # budget None: budget_of
+    assert exact["bytes"] > lossy["bytes"]

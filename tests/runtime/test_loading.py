@@ -72,3 +72,24 @@ def test_chat_template_and_eos(shared_dir):
     assert tok.convert_tokens_to_ids("<|im_end|>") in eos_ids(tok)
     with pytest.raises(DustinError, match="empty prompt"):
         encode(tok, "")
+
+
+@pytest.mark.parametrize("device", ["cpu:x", "cuda:abc", "cpu:1", "tpu", "", " cpu", "cuda:", "mps"])
+def test_malformed_device_strings_are_refused(device):
+    from dustin_runtime.pipeline import pick_device
+
+    with pytest.raises(DustinError, match="unknown device|no CUDA GPU|CUDA GPU\\(s\\) are visible"):
+        pick_device(device)
+
+
+def test_device_strings_that_name_this_machine():
+    from dustin_runtime.pipeline import pick_device
+
+    assert pick_device("cpu") == "cpu" and pick_device("cpu:0") == "cpu:0"
+    assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        with pytest.raises(DustinError, match="are visible"):
+            pick_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(DustinError, match="no CUDA GPU is visible"):
+            pick_device("cuda:0")
