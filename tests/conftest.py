@@ -202,6 +202,19 @@ def stderr_lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
 
 
+WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
+         "answer across never little stone between under light voice long").split()
+
+
+def write_books(folder: Path, books: int, lines: int, rng) -> Path:
+    """`books` text files b0.txt ... of `lines` lines of 12 random words (`rng`: a random.Random) in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(books):
+        (folder / f"b{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12))
+                                                    for _ in range(lines)))
+    return folder
+
+
 def profile_artifact(out: Path):
     """A profile artifact as (JSON, {table: DataFrame}, {plot: PNG bytes}) without what differs
     between runs (time, seconds, command, windows recorded by this run, the git commit)."""

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_same_profile, stderr_lines, timeless
+from tests.conftest import WORDS, assert_same_profile, stderr_lines, timeless, write_books
 
 REPO = Path(__file__).resolve().parents[2]
-WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
-         "answer across never little stone between under light voice long").split()
 
 
 def start(*args, cwd=REPO, env=None):
@@ -50,10 +48,7 @@ def data(tmp_path_factory, small_models, write_profile):
 
     root = tmp_path_factory.mktemp("crash")
     rng = random.Random(0)
-    books = root / "books"
-    books.mkdir()
-    for i in range(3):
-        (books / f"b{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(600)))
+    books = write_books(root / "books", 3, 600, rng)
     lb = root / "longbench"
     lb.mkdir()
     with open(lb / "trec.jsonl", "w") as f:

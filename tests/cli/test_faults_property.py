@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_same_profile, stderr_lines, timeless
+from tests.conftest import assert_same_profile, stderr_lines, timeless, write_books
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "faults_driver"
-WORDS = "the river house morning letter captain garden silver window quiet road winter mother ship door".split()
 
 
 def _profile(d, root, windows):
@@ -80,11 +79,7 @@ def assert_same_artifact(cmd: str, got: Path, want: Path) -> None:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, small_models):
     root = tmp_path_factory.mktemp("faults")
-    rng = random.Random(0)
-    books = root / "books"
-    books.mkdir()
-    for i in range(2):
-        (books / f"b{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(80)))
+    books = write_books(root / "books", 2, 80, random.Random(0))
     return {"root": root, "books": books, "T": small_models["target"], "D": small_models["draft"]}
 
 
