@@ -3,12 +3,14 @@ fixtures shared across test folders (tiny random checkpoints, small ones with a 
 tokenizer, a tiny GGUF, hand-written profiles, the real SmolLM2, ../shared, the `dustin` command in
 a subprocess). Tests take these as fixtures; no test imports another."""
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import dustin_runtime  # noqa: F401 (sets OMP_WAIT_POLICY before torch loads OpenMP)
@@ -555,6 +557,30 @@ def base_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def _plain(args, cwd, env, timeout, stdout, sig) -> Ran:
+    """`python -m dustin.cli ARGS` in a fresh process (DUSTIN_TEST_SUBPROCESS=1), `stdout` and `sig` as
+    the fork server takes them (tests/cli/cli_server.py)."""
+    from tests.faults_driver.faults import signal_due
+
+    with open("/dev/full", "w") if stdout == "full" else contextlib.nullcontext(subprocess.PIPE) as sink:
+        p = subprocess.Popen([sys.executable, "-m", "dustin.cli", *args], stdout=sink, stderr=subprocess.PIPE,
+                             text=True, cwd=cwd, env=env)
+    if stdout == "closed pipe":
+        p.stdout.close()
+    due = signal_due(sig[1], sig[2]) if sig else None
+    end = time.monotonic() + timeout
+    while due is not None and p.poll() is None and time.monotonic() < end:
+        if due():
+            p.send_signal(sig[0])
+        time.sleep(0.002)
+    try:
+        out, err = p.communicate(timeout=max(end - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return Ran(p.returncode, out or "", err)
+
+
 class Cli(_ForkServer):
     def __init__(self, cache: Path):
         self.env = {"DUSTIN_CACHE": str(cache)}
@@ -567,16 +593,15 @@ class Cli(_ForkServer):
                                          text=True, env={**base_env(), "PYTHONPATH": _pythonpath()}, cwd=REPO)
         return self.proc
 
-    def __call__(self, *args, cwd=None, env=None, timeout=300) -> Ran:
+    def __call__(self, *args, cwd=None, env=None, timeout=300, stdout=None, signal=None) -> Ran:
         args = [str(a) for a in args]
         env = {**self.env, **(env or {})}
         cwd = str(cwd or REPO)
         if self.plain:
-            p = subprocess.run([sys.executable, "-m", "dustin.cli", *args], capture_output=True, text=True,
-                               timeout=timeout, cwd=cwd, env={**base_env(), **env})
-            return Ran(p.returncode, p.stdout, p.stderr)
+            return _plain(args, cwd, {**base_env(), **env}, timeout, stdout, signal)
         server = self._server()
-        server.stdin.write(json.dumps({"argv": args, "cwd": cwd, "env": env, "timeout": timeout}) + "\n")
+        req = {"argv": args, "cwd": cwd, "env": env, "timeout": timeout, "stdout": stdout, "signal": signal}
+        server.stdin.write(json.dumps(req) + "\n")
         server.stdin.flush()
         answer = json.loads(server.stdout.readline())
         return Ran(answer["rc"], answer["stdout"], answer["stderr"])
@@ -584,5 +609,7 @@ class Cli(_ForkServer):
 
 @pytest.fixture(scope="session")
 def cli(tmp_path_factory):
-    """cli(*args, cwd=None, env=None, timeout=300) -> Ran(returncode, stdout, stderr) of `dustin ARGS`."""
+    """cli(*args, cwd=None, env=None, timeout=300, stdout=None, signal=None) -> Ran(returncode, stdout,
+    stderr) of `dustin ARGS`; stdout "full" or "closed pipe", signal [signum, file, delay]: see
+    tests/cli/cli_server.py."""
     yield from _serving(Cli(tmp_path_factory.mktemp("dustin-cache")))

@@ -4,11 +4,12 @@ lazily (torch, transformers, pandas, ...) once, then runs each request in a fork
 stdout and stderr in files), and answers with the exit status and both outputs. A case then costs
 its own work, not ~2.5 s of imports. The server itself never runs a torch op, so no thread pool
 exists when it forks. A request whose env sets DUSTIN_FAULTS runs under the fault driver
-(tests/faults_driver/sitecustomize.py), installed in its child.
+(tests/faults_driver/faults.py), installed in its child.
 
-Protocol: one JSON request per line on stdin ({"argv": [...], "cwd": str, "env": {...}, "timeout": s}),
-one JSON answer per line on stdout ({"rc": int, "stdout": str, "stderr": str}); a child past its
-timeout is killed (rc -9)."""
+Protocol: one JSON request per line on stdin ({"argv": [...], "cwd": str, "env": {...}, "timeout": s},
+optionally "stdout": "full" (/dev/full) or "closed pipe" (a pipe without a reader), and "signal":
+[signum, file, delay]: sent `delay` s after `file` first holds a line), one JSON answer per line on
+stdout ({"rc": int, "stdout": str, "stderr": str}); a child past its timeout is killed (rc -9)."""
 
 import json
 import os
@@ -60,12 +61,19 @@ def child(req: dict, out, err) -> None:
     """In the forked child: redirect, run the CLI, exit with its status (never returns)."""
     code = 1
     try:
-        os.dup2(out.fileno(), 1)
+        if req.get("stdout") == "full":
+            os.dup2(os.open("/dev/full", os.O_WRONLY), 1)
+        elif req.get("stdout") == "closed pipe":
+            reader, writer = os.pipe()
+            os.close(reader)
+            os.dup2(writer, 1)
+        else:
+            os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         os.chdir(req["cwd"])
         os.environ.update(req.get("env", {}))
         if os.environ.get("DUSTIN_FAULTS"):  # the fault driver, as its sitecustomize does in a fresh interpreter
-            from tests.faults_driver.sitecustomize import install
+            from tests.faults_driver.faults import install
 
             install()
         sys.argv = [dustin.cli.__file__, *req["argv"]]
@@ -83,16 +91,23 @@ def child(req: dict, out, err) -> None:
         os._exit(code)
 
 
-def wait(pid: int, timeout: float) -> int:
+def wait(pid: int, timeout: float, sig: list | None = None) -> int:
     """The child's exit status; past `timeout` seconds it is killed (a hung case fails, it does not
-    hang the suite)."""
+    hang the suite). `sig`: [signum, file, delay], sent as the protocol says."""
     end = time.monotonic() + timeout
+    due = None
+    if sig:
+        from tests.faults_driver.faults import signal_due
+
+        due = signal_due(sig[1], sig[2])
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
         if time.monotonic() > end:
             os.kill(pid, signal.SIGKILL)
+        if due is not None and due():
+            os.kill(pid, sig[0])
         time.sleep(0.002)
 
 
@@ -106,7 +121,7 @@ def main() -> None:
             pid = os.fork()
             if pid == 0:
                 child(req, out, err)
-            rc = wait(pid, req.get("timeout", 600))
+            rc = wait(pid, req.get("timeout", 600), req.get("signal"))
             out.seek(0)
             err.seek(0)
             answers.write(json.dumps({"rc": rc, "stdout": out.read(), "stderr": err.read()}) + "\n")

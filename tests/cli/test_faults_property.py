@@ -11,7 +11,7 @@ import json
 import os
 import random
 import shutil
-import time
+import signal
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import assert_same_profile, stderr_lines, timeless, write_books
 
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = REPO / "tests" / "faults_driver"
+DRIVER = REPO / "tests" / "faults_driver"  # its sitecustomize.py installs the driver in a fresh interpreter
 
 
 def _profile(d, root, windows):
@@ -92,7 +92,7 @@ def fault_env(root: Path, log: Path, spec: str) -> dict:
 def start(cli, data):
     """start(cmd) -> (template, ref, calls, seconds): the folder an earlier, smaller run left, the same
     after the command ran uninterrupted from it, the write calls that run made (driver's count) and
-    its duration; made once per command."""
+    the seconds from its first write call to its last; made once per command."""
     made = {}
 
     def get(cmd: str):
@@ -103,12 +103,11 @@ def start(cli, data):
             assert p.returncode == 0, p.stderr
             shutil.copytree(template, ref)
             log = data["root"] / f"{cmd}-count.log"
-            t0 = time.monotonic()
             p = cli(*full(data, ref), env=fault_env(ref, log, "count"))
             assert p.returncode == 0, p.stderr
             calls = log.read_text().splitlines()
-            assert calls and not any(x.startswith("FIRED") for x in calls)
-            made[cmd] = template, ref, len(calls), time.monotonic() - t0
+            assert len(calls) > 1 and not any(x.startswith("FIRED") for x in calls)
+            made[cmd] = template, ref, len(calls), float(calls[-1].split()[-1]) - float(calls[0].split()[-1])
         return made[cmd]
 
     return get
@@ -150,4 +149,63 @@ def test_disk_full_at_a_random_write(cmd, seed, cli, data, start, tmp_path):
     assert_earlier_intact(cmd, root, before, before_records)
     again = cli(*COMMANDS[cmd][1](data, root))
     assert again.returncode == 0, (where, again.stderr)
+    assert_same_artifact(cmd, root, ref)
+
+
+def assert_earlier_or_new(cmd: str, root: Path, ref: Path, before: dict, before_records: dict) -> None:
+    """The earlier artifact intact, or (the fault came after the publication) the new one whole."""
+    if published(cmd, root) == before:
+        assert_earlier_intact(cmd, root, before, before_records)
+    else:
+        assert_same_artifact(cmd, root, ref)
+
+
+SIGNALS = [("profile", signal.SIGTERM, 11), ("pg19", signal.SIGHUP, 12), ("acceptance", signal.SIGINT, 13),
+           ("profile", signal.SIGINT, 14), ("acceptance", signal.SIGHUP, 16)]
+
+
+@pytest.mark.parametrize(("cmd", "sig", "seed"), SIGNALS)
+def test_a_signal_at_a_random_moment(cmd, sig, seed, cli, data, start, tmp_path):
+    """The signal comes a seeded random fraction of the uninterrupted run's time from its first write
+    call to its last after the run's first write call (its imports and model loading done)."""
+    template, ref, calls, seconds = start(cmd)
+    delay = random.Random(seed).uniform(0.0, 0.7) * seconds
+    root = case_folder(template, tmp_path)
+    before, before_records = published(cmd, root), records(cmd, root)
+    log = tmp_path / "count.log"
+    p = cli(*COMMANDS[cmd][1](data, root), env=fault_env(root, log, "count"), signal=[int(sig), str(log), delay])
+    where = f"{cmd}, {signal.Signals(sig).name} {delay:.3f} s after the first write call (of {calls} in {seconds:.3f} s)"
+    assert "Traceback" not in p.stderr, (where, p.stderr)
+    if p.returncode == 0:  # the timing of a loaded machine: the run made every write call before the signal came
+        assert log.read_text().count("\n") == calls, (where, p.stderr)
+    else:
+        assert p.returncode == 128 + sig, (where, p.returncode, p.stderr)
+        assert stderr_lines(p.stderr) == ["error: interrupted" if sig == signal.SIGINT
+                                          else f"error: stopped by {signal.Signals(sig).name}"], (where, p.stderr)
+    assert_earlier_or_new(cmd, root, ref, before, before_records)
+    again = cli(*COMMANDS[cmd][1](data, root))
+    assert again.returncode == 0, (where, again.stderr)
+    assert_same_artifact(cmd, root, ref)
+
+
+STDOUT = [("profile", "full"), ("pg19", "closed pipe"), ("acceptance", "full")]
+
+
+@pytest.mark.parametrize(("cmd", "how"), STDOUT)
+def test_stdout_closed_or_full(cmd, how, cli, data, start, tmp_path):
+    """stdout a full device (exit 2, one line) or a pipe whose reader is gone (the quiet 141); the
+    artifact is whole either way (it is written before the tables are printed)."""
+    template, ref, _, _ = start(cmd)
+    root = case_folder(template, tmp_path)
+    before, before_records = published(cmd, root), records(cmd, root)
+    p = cli(*COMMANDS[cmd][1](data, root), stdout=how)
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = stderr_lines(p.stderr)
+    if how == "full":
+        assert p.returncode == 2 and len(lines) == 1 and "No space left on device" in lines[0], (p.returncode, lines)
+    else:
+        assert p.returncode == 141 and lines == [], (p.returncode, lines)
+    assert_earlier_or_new(cmd, root, ref, before, before_records)
+    again = cli(*COMMANDS[cmd][1](data, root))
+    assert again.returncode == 0, again.stderr
     assert_same_artifact(cmd, root, ref)
