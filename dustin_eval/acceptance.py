@@ -38,7 +38,7 @@ import torch
 from dustin_runtime.attention import default_backend
 from dustin_runtime.errors import DustinError
 from dustin_runtime.generate import cache_capacity, prefill
-from dustin_runtime.io.files import FolderLock, check_resume_key, input_hashes
+from dustin_runtime.io.files import FolderLock, check_resume_key, input_hashes, published_together
 from dustin_runtime.lookup import LookupConfig
 from dustin_runtime.pipeline import LoadedModel
 from dustin_runtime.sparse.config import SparseConfig
@@ -413,4 +413,5 @@ def evaluate(target: LoadedModel, draft: LoadedModel, plans: dict, cfg: Acceptan
                       shapes={"contexts": list(cfg.contexts), "windows": cfg.windows,
                               "windows_per_book": cfg.windows_per_book, "gamma": cfg.gamma,
                               "max_new_tokens": cfg.max_new_tokens}, extra=extra)
-    return write_acceptance(records, out.parent, out.name, prov, cfg, configs)
+    with published_together():  # the JSON and the Markdown: both new, or both as they were
+        return write_acceptance(records, out.parent, out.name, prov, cfg, configs)

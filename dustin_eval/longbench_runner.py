@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import FolderLock, atomic_write, check_resume_key, read_json
+from dustin_runtime.io.files import (
+    FolderLock,
+    atomic_write,
+    check_resume_key,
+    published_together,
+    read_json,
+)
 from dustin_runtime.io.provenance import provenance
 
 from .generator import RuntimeGenerator, result_text
@@ -199,9 +205,8 @@ def _run(generator, tokenizer, meta, run_dir, loaded, out_dir, max_length, eos_i
                     on_record(record)
 
     rows = summarize_predictions(out_dir)
-    write_summary(
-        out_dir, rows, models={"target": meta.target, "draft": meta.draft}, shapes=settings
-    )
+    with published_together():  # the CSV, JSON and Markdown: all new, or all as they were
+        write_summary(out_dir, rows, models={"target": meta.target, "draft": meta.draft}, shapes=settings)
     return [
         r
         for r in rows

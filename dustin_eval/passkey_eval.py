@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dustin_profile.plan import PolicyRun
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import FolderLock, atomic_path, check_resume_key
+from dustin_runtime.io.files import FolderLock, atomic_path, check_resume_key, published_together
 from dustin_runtime.io.provenance import provenance
 from dustin_runtime.model import Transformer
 from dustin_runtime.speculative import SpecHooks
@@ -77,19 +77,20 @@ def _run(target, draft, tokenizer, path, out_dir, filler_text, contexts, depths,
     rows = passkey_accuracy(repair_jsonl(path))
     prov = provenance(models=models, shapes={"contexts": list(contexts), "depths": list(depths), "trials": trials,
                                              "gamma": gamma})
-    write_result_json(out_dir / "passkey.json", rows, prov)
-    write_csv(out_dir / "passkey.csv", rows)
-    overall = {}
-    for r in rows:
-        overall.setdefault((r["policy"], r["budget"]), []).append(r["accuracy"])
-    summary = [{"policy": p, "budget": b, "accuracy": round(sum(v) / len(v), 4)} for (p, b), v in overall.items()]
-    write_markdown(out_dir / "passkey.md", "Passkey retrieval accuracy",
-                   [("Overall", markdown_table(summary)), ("Per context and depth", markdown_table(rows))], prov)
-    for (policy, budget) in overall:
-        sub = [r for r in rows if r["policy"] == policy and r["budget"] == budget]
-        name = policy if budget is None else f"{policy}-{budget}"
-        with atomic_path(out_dir / f"passkey-{name}.png") as tmp:
-            plot_passkey_heatmap(sub, tmp, title=f"passkey: {name}")
+    with published_together():  # the JSON, CSV, Markdown and heat maps: all new, or all as they were
+        write_result_json(out_dir / "passkey.json", rows, prov)
+        write_csv(out_dir / "passkey.csv", rows)
+        overall = {}
+        for r in rows:
+            overall.setdefault((r["policy"], r["budget"]), []).append(r["accuracy"])
+        summary = [{"policy": p, "budget": b, "accuracy": round(sum(v) / len(v), 4)} for (p, b), v in overall.items()]
+        write_markdown(out_dir / "passkey.md", "Passkey retrieval accuracy",
+                       [("Overall", markdown_table(summary)), ("Per context and depth", markdown_table(rows))], prov)
+        for (policy, budget) in overall:
+            sub = [r for r in rows if r["policy"] == policy and r["budget"] == budget]
+            name = policy if budget is None else f"{policy}-{budget}"
+            with atomic_path(out_dir / f"passkey-{name}.png") as tmp:
+                plot_passkey_heatmap(sub, tmp, title=f"passkey: {name}")
     return rows
 
 

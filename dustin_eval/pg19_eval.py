@@ -18,7 +18,7 @@ import numpy as np
 
 from dustin_profile.plan import PolicyRun
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import FolderLock, check_resume_key, input_hashes
+from dustin_runtime.io.files import FolderLock, check_resume_key, input_hashes, published_together
 from dustin_runtime.io.provenance import provenance
 from dustin_runtime.model import Transformer
 from dustin_runtime.sparse.measures import PER_SEQUENCE
@@ -81,7 +81,8 @@ def run_pg19(
         check_resume_key(out_dir / f"records-{context}.key.json", key, (path,), restart=restart, where=str(path))
         _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
                seed, on_record, batch)
-        return summarize(path, out_dir, context, eval_tokens, gamma, models)
+        with published_together():  # the JSON, CSV, Markdown and plot: all new, or all as they were
+            return summarize(path, out_dir, context, eval_tokens, gamma, models)
 
 
 def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamma, runs, make_hooks, windows,
@@ -101,6 +102,14 @@ def _score(target, draft, tokenizer, path, books_dir, context, eval_tokens, gamm
         _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks, path, on_record)
 
 
+def _window_stats(extra: dict, b: int) -> dict:
+    """The statistics of window `b` of a batch: its entry of each per-sequence list, and its own value
+    in place of a batch mean that has one (`arr`): a record must not depend on the windows scored
+    beside it, or a resumed run (fewer windows left to batch) would record other values."""
+    return {k: v[b] if k.endswith(PER_SEQUENCE) else extra[k + PER_SEQUENCE][b] if k + PER_SEQUENCE in extra else v
+            for k, v in extra.items()}
+
+
 def _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks, path, on_record) -> None:
     """One batch of windows (same runs to do) through every run; one record per window and run."""
     wins, todo = [w for w, _ in pending], pending[0][1]
@@ -108,7 +117,7 @@ def _score_batch(target, draft, pending, context, eval_tokens, gamma, make_hooks
                                  hooks=[make_hooks(r) for r in todo])
     for r, res in zip(todo, results, strict=True):
         for b, win in enumerate(wins):
-            stats = {k: v[b] if k.endswith(PER_SEQUENCE) else v for k, v in res.extra.items()}
+            stats = _window_stats(res.extra, b)
             rec = {"book": win.book, "window": win.index, "start": win.start, "context": context,
                    "eval_tokens": eval_tokens, "gamma": gamma, "policy": r.policy, "budget": r.budget,
                    "nll": res.nll[b], "tokens": res.tokens[b], "ppl": math.exp(res.nll[b] / res.tokens[b]),

@@ -40,7 +40,14 @@ from dustin_profile.search import (
 from dustin_profile.tables import write_tables
 from dustin_runtime.config import ModelConfig
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import TEMP_NAME, FolderLock, atomic_path, check_resume_key, move_into
+from dustin_runtime.io.files import (
+    TEMP_NAME,
+    FolderLock,
+    atomic_path,
+    check_resume_key,
+    move_into,
+    published_together,
+)
 from dustin_runtime.io.provenance import git_commit
 from dustin_runtime.memory import MemoryPlan, check_free, peak_bytes, plan_profile
 
@@ -262,10 +269,12 @@ def run_profile(cfg: ProfileConfig, *, command: str = "", console=None, restart:
 
 def _publish(out: Path, prof: Profile, stage: Path) -> Profile:
     """Tables and plots are written into the work folder under their final names, then moved beside
-    `out`, and the JSON is written last (atomically): a kill leaves no half-written file."""
-    for name in prof.tables.values():
-        move_into(stage.parent / name, out.parent / name)
-    prof.save(out)
+    `out` with the JSON (`published_together`: all renamed once the JSON is written), so a failure
+    or a kill leaves no half-written file and no new table beside the old JSON."""
+    with published_together():
+        for name in prof.tables.values():
+            move_into(stage.parent / name, out.parent / name)
+        prof.save(out)
     return prof
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from dustin_runtime.errors import DustinError
-from dustin_runtime.io.files import atomic_path, atomic_write
+from dustin_runtime.io.files import atomic_path, atomic_write, published_together
 from dustin_runtime.io.provenance import provenance
 from dustin_runtime.tokenizer import vocab_hash
 
@@ -49,15 +49,13 @@ def check_out(out: Path) -> Path:
 
 def write_token_counts(out: Path, counts: np.ndarray, tokenizer, *, books: str, n_books: int,
                        model_id: str) -> Path:
-    """`out` (.json) and `out` with `.counts.parquet`, both written atomically."""
+    """`out` (.json) and `out` with `.counts.parquet`, written atomically and published together."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = check_out(out)
     table_path = out.with_suffix(".counts.parquet")
     table = pa.table({"token_id": np.arange(len(counts), dtype=np.int32), "count": counts.astype(np.int64)})
-    with atomic_path(table_path) as tmp:
-        pq.write_table(table, tmp)
     total = int(counts.sum())
     top = np.sort(counts)[::-1].cumsum() / max(total, 1)
     coverage = {str(k): float(top[min(k, len(top)) - 1]) for k in (1024, 4096, 8192, 16384, 32768) if k < len(top)}
@@ -67,7 +65,10 @@ def write_token_counts(out: Path, counts: np.ndarray, tokenizer, *, books: str, 
         "seen_tokens": int((counts > 0).sum()), "coverage_of_top_k": coverage, "table": table_path.name,
         "provenance": provenance(models={"tokenizer_of": model_id}),
     }
-    atomic_write(out, json.dumps(meta, indent=1) + "\n")
+    with published_together():  # the table and the JSON: both new, or both as they were
+        with atomic_path(table_path) as tmp:
+            pq.write_table(table, tmp)
+        atomic_write(out, json.dumps(meta, indent=1) + "\n")
     return out
 
 

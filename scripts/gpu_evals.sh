@@ -87,8 +87,8 @@ if want_only acceptance-lookup; then
 fi
 if want_only acceptance-exact; then  # exact mode: its output (prefix vs full = 1) and the agreement bench e2e replays
   echo "== acceptance-exact"
-  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,8192 --windows 16 \
-    --max-new-tokens 256 --budget 512,1024,2048,4096 --policy full,dustin,dustin-x --draft-kv verify-set \
+  run $PY -m dustin.cli eval acceptance $common --data "$BOOKS" --contexts 4096,7936 --windows 16 \
+    --max-new-tokens 256 --budget 512,1024,2048,4096 --policy ar,full,dustin,dustin-x --draft-kv verify-set \
     --profile $P1 $refresh --no-paired --no-arr --out $ACX/smollm2-draft-verify-set
 fi
 exit $status

@@ -108,6 +108,26 @@ def make_tiny_hf_fixture():
     return make_tiny_hf
 
 
+def make_noisy_pair(folder, seed: int, noise: float, device: str = "cpu", **overrides):
+    """A tiny llama3 target saved to `folder` (seed) and, as its draft, a copy with every weight moved by
+    noise x its std (seed + 1): they agree often but not always. Returns (target, draft) Transformers."""
+    from dustin_runtime.loader import load_model
+
+    make_tiny_hf("llama3", folder, seed=seed, **overrides)
+    target, draft = load_model(str(folder), device=device)[0], load_model(str(folder), device=device)[0]
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=g).to(p.device))
+    return target, draft
+
+
+@pytest.fixture(name="make_noisy_pair", scope="session")
+def make_noisy_pair_fixture():
+    """`make_noisy_pair(folder, seed, noise, device="cpu", **overrides)`: a tiny target and a noisy copy."""
+    return make_noisy_pair
+
+
 @pytest.fixture(params=sorted(TINY))
 def tiny_kind(request):
     """Each tiny configuration of `TINY` in turn (llama3, mistral, qwen2, qwen2-yarn, qwen3)."""
@@ -180,6 +200,56 @@ PROGRESS_LINE = re.compile(r"^[\w ./-]+: \d+(/\d+)? done, ")  # what a run print
 def stderr_lines(text: str) -> list[str]:
     """A run's stderr lines without its progress lines (one per finished unit when not on a terminal)."""
     return [ln for ln in text.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
+
+
+WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
+         "answer across never little stone between under light voice long").split()
+
+
+def write_books(folder: Path, books: int, lines: int, rng) -> Path:
+    """`books` text files b0.txt ... of `lines` lines of 12 random words (`rng`: a random.Random) in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(books):
+        (folder / f"b{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12))
+                                                    for _ in range(lines)))
+    return folder
+
+
+def profile_artifact(out: Path):
+    """A profile artifact as (JSON, {table: DataFrame}, {plot: PNG bytes}) without what differs
+    between runs (time, seconds, command, windows recorded by this run, the git commit)."""
+    import pandas as pd
+
+    d = json.loads(Path(out).read_text())
+    d.pop("created")
+    d.pop("git_commit")  # provenance: the tree may change between the two runs
+    d["calibration"].pop("run")
+    tables = {name: pd.read_parquet(Path(out).parent / f) for name, f in d["tables"].items() if f.endswith(".parquet")}
+    plots = {name: (Path(out).parent / f).read_bytes() for name, f in d["tables"].items() if f.endswith(".png")}
+    return d, tables, plots
+
+
+def assert_same_profile(got: Path, want: Path) -> None:
+    """The profile artifacts at `got` and `want` are equal (`profile_artifact`)."""
+    import pandas as pd
+
+    (gd, gt, gp), (wd, wt, wp) = profile_artifact(got), profile_artifact(want)
+    assert gd == wd
+    assert gt.keys() == wt.keys()
+    for name in wt:
+        pd.testing.assert_frame_equal(gt[name], wt[name])
+    assert gp == wp
+
+
+def timeless(value):
+    """A result's JSON value without what differs between runs: its provenance (time, command, commit)
+    and every timing field (keys holding "seconds", or ending in "_s")."""
+    if isinstance(value, dict):
+        return {k: timeless(v) for k, v in value.items()
+                if k != "provenance" and "seconds" not in k and not k.endswith("_s")}
+    if isinstance(value, list):
+        return [timeless(v) for v in value]
+    return value
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Crash-safe files: atomic writes (temp file in the same folder, flush, fsync, rename, fsync the
-folder), durable appends of JSONL lines, a lock on an output folder, and the resume key of a run.
+folder), the files of one artifact published together, durable appends of JSONL lines, a lock on
+an output folder, and the resume key of a run.
 
 A kill at any point leaves either the old file or the new one, never a torn one; the lock keeps two
 runs off one output; the resume key refuses to mix records made with other settings.
@@ -29,6 +30,7 @@ TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")  # atomic_path
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 _SHARED: dict = {"rank": 0, "agree": None}  # set by `share_outputs` in a multi-process run
+_GROUP: list[list[tuple[Path, Path]]] = []  # the renames `published_together` holds back (its block's)
 
 
 def share_outputs(rank: int, agree) -> None:
@@ -91,14 +93,75 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if not _GROUP:
+            os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         cause = write_failure(e, path.parent)
         if cause is not None:
             raise DustinError(f"cannot write {path}: {cause}") from None
         raise
-    fsync_dir(path.parent)
+    if _GROUP:
+        _GROUP[0].append((tmp, path))
+    else:
+        fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def published_together() -> Iterator[None]:
+    """The files of one artifact (a result's JSON, CSV, Markdown and plot; a profile and its tables)
+    written inside the block are published together when it ends: each is written and fsynced
+    into its temp file as it comes (`atomic_path`, `move_into`) and renamed over its path only after
+    the last one, with SIGINT / SIGTERM / SIGHUP held back meanwhile. A failure anywhere (a full
+    disk, Ctrl-C) leaves every earlier file as it was and removes the temp files. Nested blocks
+    join the outer one."""
+    if _GROUP or not _writer():
+        yield
+        return
+    pending: list[tuple[Path, Path]] = []
+    _GROUP.append(pending)
+    try:
+        yield
+    except BaseException:
+        for tmp, _ in pending:
+            if TEMP_NAME.match(tmp.name):  # a staged file moved in with `move_into` stays where it was
+                tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _GROUP.clear()
+    with _signals_held():
+        for i, (tmp, path) in enumerate(pending):
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                for rest, _ in pending[i:]:
+                    if TEMP_NAME.match(rest.name):
+                        rest.unlink(missing_ok=True)
+                raise DustinError(f"cannot write {path}: {write_failure(e)}") from None
+    for folder in dict.fromkeys(path.parent for _, path in pending):
+        fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP recorded, not acted on, inside the block (a handful of renames);
+    the first one is raised again after it, to the handlers of before."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not None]
+    before = {s: signal.signal(s, lambda n, _frame: caught.append(n)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 _TORCH_WRITE = re.compile(r"inline_container|PytorchStreamWriter|iostream error|file write failed")
@@ -133,7 +196,7 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
 
 def move_into(src: str | Path, dst: str | Path) -> Path:
     """Publish a finished file: fsync it and rename it over `dst` (same file system), then fsync
-    the folder."""
+    the folder (inside `published_together`, with the block's other files at its end)."""
     src, dst = Path(src), Path(dst)
     if not _writer():
         src.unlink(missing_ok=True)
@@ -141,10 +204,14 @@ def move_into(src: str | Path, dst: str | Path) -> Path:
     try:
         with open(src, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(src, dst)
+        if not _GROUP:
+            os.replace(src, dst)
     except OSError as e:
         raise DustinError(f"cannot write {dst}: {write_failure(e)}") from None
-    fsync_dir(dst.parent)
+    if _GROUP:
+        _GROUP[0].append((src, dst))
+    else:
+        fsync_dir(dst.parent)
     return dst
 
 

@@ -3,7 +3,8 @@ lazily (torch, transformers, pandas, ...) once, then runs each request in a fork
 `python -m dustin.cli ARGS` would (`dustin.cli.main()` with that argv, cwd and environment, its
 stdout and stderr in files), and answers with the exit status and both outputs. A case then costs
 its own work, not ~2.5 s of imports. The server itself never runs a torch op, so no thread pool
-exists when it forks.
+exists when it forks. A request whose env sets DUSTIN_FAULTS runs under the fault driver
+(tests/faults_driver/sitecustomize.py), installed in its child.
 
 Protocol: one JSON request per line on stdin ({"argv": [...], "cwd": str, "env": {...}, "timeout": s}),
 one JSON answer per line on stdout ({"rc": int, "stdout": str, "stderr": str}); a child past its
@@ -63,6 +64,10 @@ def child(req: dict, out, err) -> None:
         os.dup2(err.fileno(), 2)
         os.chdir(req["cwd"])
         os.environ.update(req.get("env", {}))
+        if os.environ.get("DUSTIN_FAULTS"):  # the fault driver, as its sitecustomize does in a fresh interpreter
+            from tests.faults_driver.sitecustomize import install
+
+            install()
         sys.argv = [dustin.cli.__file__, *req["argv"]]
         try:
             dustin.cli.main()

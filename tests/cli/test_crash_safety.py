@@ -11,14 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from tests.conftest import stderr_lines
+from tests.conftest import WORDS, assert_same_profile, stderr_lines, timeless, write_books
 
 REPO = Path(__file__).resolve().parents[2]
-WORDS = ("the river house morning letter captain garden silver window quiet road winter mother ship door "
-         "answer across never little stone between under light voice long").split()
 
 
 def start(*args, cwd=REPO, env=None):
@@ -51,10 +48,7 @@ def data(tmp_path_factory, small_models, write_profile):
 
     root = tmp_path_factory.mktemp("crash")
     rng = random.Random(0)
-    books = root / "books"
-    books.mkdir()
-    for i in range(3):
-        (books / f"b{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(600)))
+    books = write_books(root / "books", 3, 600, rng)
     lb = root / "longbench"
     lb.mkdir()
     with open(lb / "trec.jsonl", "w") as f:
@@ -74,18 +68,6 @@ def profile_args(data, out, *extra):
     return ["profile", "--target", data["T"], "--draft", data["D"], "--calib", data["books"], "--context", "192",
             "--windows", "4", "--budget", "64", "--sinks", "4", "--window", "16", "--max-heads", "3", "--out", out,
             *extra]
-
-
-def artifact(out: Path):
-    """The profile JSON without what differs between runs (time, seconds, command, windows recorded
-    by this run) and its tables' data."""
-    d = json.loads(out.read_text())
-    d.pop("created")
-    d.pop("git_commit")  # provenance: the tree may change between the two runs
-    d["calibration"].pop("run")
-    tables = {name: pd.read_parquet(out.parent / f) for name, f in d["tables"].items() if f.endswith(".parquet")}
-    plots = {name: (out.parent / f).read_bytes() for name, f in d["tables"].items() if f.endswith(".png")}
-    return d, tables, plots
 
 
 def test_profile_killed_in_every_phase_gives_the_uninterrupted_artifact(cli, data, tmp_path):
@@ -111,12 +93,7 @@ def test_profile_killed_in_every_phase_gives_the_uninterrupted_artifact(cli, dat
     assert len(landed) >= 3, landed
     p = cli(*profile_args(data, out))
     assert p.returncode == 0, p.stderr
-    got, want = artifact(out), artifact(ref)
-    assert got[0] == want[0]
-    assert got[1].keys() == want[1].keys()
-    for name in want[1]:
-        pd.testing.assert_frame_equal(got[1][name], want[1][name])
-    assert got[2] == want[2]
+    assert_same_profile(out, ref)
     assert sorted(f.name for f in work.iterdir()) == [".lock", "meta.json"] + [f"w{i:03d}.pt" for i in range(4)]
     assert not [f for f in out.parent.iterdir() if f.name.startswith(".")]  # no temp file left
 
@@ -141,9 +118,8 @@ def test_longbench_killed_then_rerun_equals_uninterrupted(cli, data, tmp_path):
     p = cli(*lb_args(data, out, "--limit", "6"))
     assert p.returncode == 0, p.stderr
     assert predictions(out) == predictions(ref) and len(predictions(ref)) == 6
-    rows = [{k: v for k, v in r.items() if "seconds" not in k} for r in json.loads((out / "summary.json").read_text())["rows"]]
-    assert rows == [{k: v for k, v in r.items() if "seconds" not in k}
-                    for r in json.loads((ref / "summary.json").read_text())["rows"]]
+    assert timeless(json.loads((out / "summary.json").read_text())["rows"]) == \
+        timeless(json.loads((ref / "summary.json").read_text())["rows"])
 
 
 def test_locked_profile_output_and_ctrl_c(cli, data, tmp_path, assert_one_line_error):

@@ -21,18 +21,9 @@ MAX_NEW = [21, 30, 13]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, make_tiny_hf):
+def pair(tmp_path_factory, make_noisy_pair):
     """A tiny target and a noisy copy as its draft (they agree often but not always)."""
-    from dustin_runtime.loader import load_model
-
-    folder = tmp_path_factory.mktemp("exact") / "t"
-    make_tiny_hf("llama3", folder, seed=11)
-    target, draft = load_model(str(folder))[0], load_model(str(folder))[0]
-    g = torch.Generator().manual_seed(12)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.2 * p.std() * torch.randn(p.shape, generator=g))
-    return target, draft
+    return make_noisy_pair(tmp_path_factory.mktemp("exact") / "t", 11, 0.2)
 
 
 def policy(pair, name, budget, draft_kv="full"):

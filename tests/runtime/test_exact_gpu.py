@@ -18,17 +18,8 @@ MAX_NEW = [40, 57, 23]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, make_tiny_hf):
-    from dustin_runtime.loader import load_model
-
-    folder = tmp_path_factory.mktemp("exact-gpu") / "t"
-    make_tiny_hf("llama3", folder, seed=11)
-    target, draft = load_model(str(folder), device="cuda")[0], load_model(str(folder), device="cuda")[0]
-    g = torch.Generator(device="cuda").manual_seed(12)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.2 * p.std() * torch.randn(p.shape, generator=g, device="cuda"))
-    return target, draft
+def pair(tmp_path_factory, make_noisy_pair):
+    return make_noisy_pair(tmp_path_factory.mktemp("exact-gpu") / "t", 11, 0.2, device="cuda")
 
 
 @pytest.mark.parametrize("name,draft_kv", [("dustin", "full"), ("dustin", "verify-set"), ("streamingllm", "full"),

@@ -18,17 +18,8 @@ BATCH, CALLS = 1000, 6  # 6000 draws of (x1, x2)
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, make_tiny_hf):
-    from dustin_runtime.loader import load_model
-
-    folder = tmp_path_factory.mktemp("xs") / "t"
-    make_tiny_hf("llama3", folder, seed=5, vocab_size=V)
-    target, draft = load_model(str(folder))[0], load_model(str(folder))[0]
-    g = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
-    return target, draft
+def pair(tmp_path_factory, make_noisy_pair):
+    return make_noisy_pair(tmp_path_factory.mktemp("xs") / "t", 5, 0.3, vocab_size=V)
 
 
 def target_joint(target) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""dustin_runtime.io.files: atomic writes leave the old file or the new one, appends survive a torn
-line, the folder lock refuses another process, and resume keys refuse other settings."""
+"""dustin_runtime.io.files: atomic writes leave the old file or the new one, the files of one
+artifact are published together, appends survive a torn line, the folder lock refuses another
+process, and resume keys refuse other settings."""
 
 import json
 import os
@@ -16,6 +17,8 @@ from dustin_runtime.io.files import (
     atomic_write,
     check_resume_key,
     input_hashes,
+    move_into,
+    published_together,
 )
 
 
@@ -35,6 +38,53 @@ def test_atomic_write_replaces_or_keeps(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not the temp file's private mode
     with atomic_path(tmp_path / "plot.png") as tmp:
         assert tmp.suffix == ".png" and tmp.parent == tmp_path  # writers read the format from the name
+
+
+def test_files_published_together_are_all_new_or_all_old(tmp_path):
+    paths = [tmp_path / n for n in ("r.json", "r.md", "r.png")]
+    for p in paths:
+        atomic_write(p, "old")
+    staged = tmp_path / "work" / "r.png"
+    staged.parent.mkdir()
+    with pytest.raises(OSError, match="No space left"):
+        with published_together():
+            atomic_write(paths[0], "new")
+            with published_together():  # nested: joins the outer block
+                atomic_write(paths[1], "new")
+            staged.write_text("new")
+            move_into(staged, paths[2])
+            assert [p.read_text() for p in paths] == ["old"] * 3  # nothing renamed yet
+            raise OSError(28, "No space left on device")  # the next writer's failure
+    assert [p.read_text() for p in paths] == ["old"] * 3
+    assert staged.read_text() == "new"  # a staged file is left where it was (a re-run publishes it)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md", "r.png", "work"]  # no temp file
+    with published_together():
+        atomic_write(paths[0], "new")
+        atomic_write(paths[1], "new")
+        move_into(staged, paths[2])
+    assert [p.read_text() for p in paths] == ["new"] * 3 and not staged.exists()
+
+
+def test_a_signal_while_publishing_comes_after_the_renames(tmp_path, monkeypatch):
+    import signal
+
+    seen = []
+    old = signal.signal(signal.SIGHUP, lambda n, f: seen.append((tmp_path / "b.txt").exists()))
+    real = os.replace
+
+    def replace(a, b):  # SIGHUP arrives between the two renames
+        real(a, b)
+        if (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists():
+            signal.raise_signal(signal.SIGHUP)
+
+    try:
+        monkeypatch.setattr(os, "replace", replace)
+        with published_together():
+            atomic_write(tmp_path / "a.txt", "new")
+            atomic_write(tmp_path / "b.txt", "new")
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    assert seen == [True]  # handled once both were published
 
 
 def test_write_into_a_file_is_one_error(tmp_path):
