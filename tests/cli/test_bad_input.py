@@ -153,6 +153,10 @@ def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
     meta_work.mkdir()
     (meta_work / "meta.json").write_text("")  # what a kill during its (old, non-atomic) write left
     (meta_work / "w000.pt").write_bytes(b"a window")
+    list_work = x / "resumed_list.work"
+    list_work.mkdir()
+    (list_work / "meta.json").write_text("[1, 2]")  # a key that is not an object
+    (list_work / "w000.pt").write_bytes(b"a window")
     return {k: str(v) for k, v in s.items()}
 
 
@@ -355,6 +359,8 @@ CASES = {
     "profile-dtype": ([*PROF, "--dtype", "fp8"], ["unknown dtype"]),
     "profile-empty-meta-with-windows": ([*PROF, "--out", "{X}/resumed.json"], ["records without a resume key",
                                                                                "--restart"]),
+    "profile-resume-key-not-object": ([*PROF, "--out", "{X}/resumed_list.json"], ["records without a resume key",
+                                                                                 "--restart"]),
     # profile show
     "show-missing": ([*SHOW, "{X}/none.json"], ["no such profile file", "dustin profile --target T --draft D"]),
     "show-dir": ([*SHOW, "{X}/dir.json"], ["no such profile file"]),
