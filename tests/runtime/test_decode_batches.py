@@ -2,6 +2,8 @@
 many prompts under a small memory limit go through in several batches, and every sequence's
 tokens are those it gets decoded alone."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -80,3 +82,26 @@ def test_ten_thousand_prompts_of_smollm2_shapes_are_planned_in_batches():
     size = decode_batch_size(plan_at, 10_000, 4 * GIB)
     assert 1 < size < 10_000 and plan_at(size).total <= 4 * GIB < plan_at(size + 1).total
     assert plan_at(10_000).part("activations") > 6e9
+
+
+@pytest.mark.gpu
+def test_decode_batches_stay_inside_their_plan_on_cuda():
+    """The SmolLM2 pair (bf16, CUDA graphs): 600 prompts under a limit that fits a quarter of them
+    go in batches, and the memory the decode allocates beside the loaded models peaks under the
+    limit (the equality of the sequences' tokens across batch splits is the fp32 CPU test's)."""
+    repo = Path(__file__).resolve().parents[2]
+    tgt, drf = pipeline.load_pair("smollm2", str(repo / "models" / "smollm2-draft"), dtype=torch.bfloat16,
+                                  device="cuda")
+    specs = [pipeline.PromptSpec(("The river ran past the house every morning. " * (4 + i % 9)) + str(i), 16)
+             for i in range(600)]
+    memory = limit_for(tgt, drf, specs, 150, 4)
+    whole = pipeline.decode(tgt, drf, specs, gamma=4, memory=1 << 40)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    split = pipeline.decode(tgt, drf, specs, gamma=4, memory=memory)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert whole.meta["batches"] == 1 and split.meta["batches"] == 4, (whole.meta, split.meta)
+    assert peak <= memory, (peak, memory)
+    assert len(split.tokens) == 600 and sum(split.stats.new_tokens) > 0
