@@ -54,6 +54,18 @@ def check_prompts(prompts: list[list[int]], max_new: list[int], model: Transform
             raise DustinError(f"prompt {i} would exceed the sliding window ({window}), which is not supported")
 
 
+def check_finite(logits: torch.Tensor, model: Transformer, who: str) -> None:
+    """Refuse a run whose first step's logits hold NaN or +Inf (or a row of -Inf only): the greedy
+    token would be 0 forever. One check per call, after the first step (one host sync); the EOS
+    columns masked to -Inf before `min_new_tokens` pass."""
+    bad = logits.isnan().any() | logits.isposinf().any() | logits.isneginf().all(-1).any()
+    if bool(bad):
+        dtype = str(model.dtype).removeprefix("torch.")
+        raise DustinError(f"{who} {model.cfg.name or ''}: its logits are not finite (NaN/Inf) on the first step: "
+                          f"its weights hold NaN/Inf or values that overflow {dtype} (a damaged or mis-converted "
+                          "checkpoint?)")
+
+
 def cache_capacity(prompts: list[list[int]], max_new: list[int], gamma: int = 0) -> int:
     """Rows needed per sequence: prompt + new tokens + room for one step's overshoot."""
     return max(len(p) for p in prompts) + max(max_new) + 2 * (gamma + 1) + 1
@@ -265,6 +277,8 @@ def generate(
     while not book.all_done():
         with timer.phase("decode"):
             st.graphs.run("decode", decode)
+        if steps == 0:
+            check_finite(step["logits"], model, "the model")
         with timer.phase("other"):
             st.graphs.run("other", commit)
         steps += 1

@@ -15,7 +15,9 @@ Parts (bytes, the largest rank's):
   and the logits of a verification pass;
 - overhead: the allocator's rounding and the kernels' workspaces (3% of the rest + 256 MiB).
 
-`plan_profile`, `plan_bench` and `plan_decode` make the plans; `MemoryPlan.check(free)` raises."""
+`plan_profile`, `plan_bench` and `plan_decode` make the plans; `MemoryPlan.check(free)` raises.
+`plan_decode_batch` plans one batch of decoded prompts and `decode_batch_size` picks the largest
+batch that fits what is free beside the loaded models (host memory on CPU)."""
 
 from __future__ import annotations
 
@@ -187,6 +189,49 @@ def plan_decode(target: ModelConfig, draft: ModelConfig | None, *, tp: int = 1, 
         return plan_decode(target, draft, dtype_bytes=dtype_bytes, **s)
 
     return MemoryPlan("decode", tuple(parts), {"tp": tp}, remake, tp_choices(target))
+
+
+def plan_decode_batch(target: ModelConfig, draft: ModelConfig | None, *, batch: int, rows: int, prompt: int,
+                      gamma: int = 4, tp: int = 1, prefill_chunk: int = 2048, dtype_bytes: int = 2) -> MemoryPlan:
+    """One batch of `dustin decode` beside the loaded weights: the caches of `batch` sequences of
+    `rows` rows, a prefill chunk of every sequence through a layer (equal-length prompts prefill
+    together; `prompt`: the longest), a step's logits (target's gamma + 1, the draft's gamma, with the
+    sampling's copies: x3, fp32) and the bookkeeping (tokens, per-step accepted counts: int64)."""
+    M = gamma + 1 if draft is not None else 1
+    parts = [("kv", kv_bytes(target, batch, rows, tp, dtype_bytes)
+              + (kv_bytes(draft, -(-batch // tp), rows, 1, dtype_bytes) if draft is not None else 0)),
+             ("activations", activation_bytes(target, batch * min(prefill_chunk, prompt), tp, dtype_bytes)
+              + 3 * batch * (M * -(-target.vocab_size // tp) + (gamma * draft.vocab_size if draft is not None else 0)) * 4),
+             ("bookkeeping", 4 * batch * rows * 8)]
+    return MemoryPlan("decode", tuple(_overhead(parts)), {"batch": batch})
+
+
+def decode_batch_size(plan_at: Callable[[int], MemoryPlan], prompts: int, free: int, where: str = "the device") -> int:
+    """The largest batch (<= `prompts`) whose plan (`plan_at(batch)`) fits `free` bytes; refused in
+    one line when a single prompt does not fit."""
+    one = plan_at(1)
+    if one.total > free:
+        raise DustinError(f"memory: one prompt of this decode needs {one.line()}, {gib(free)} free on {where} beside "
+                          "the models: shorten the prompts or ask fewer new tokens")
+    lo, hi = 1, prompts  # plan_at(lo) fits; the plan grows with the batch
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if plan_at(mid).total <= free else (lo, mid - 1)
+    return lo
+
+
+def host_free_bytes() -> int:
+    """Host memory available to a new allocation (MemAvailable; all physical pages free elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def free_bytes(device: str) -> int | None:

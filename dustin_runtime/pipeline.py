@@ -24,7 +24,7 @@ from dustin_runtime.memory import check_free, plan_decode
 from dustin_runtime.model import Transformer
 from dustin_runtime.sampling import SamplingConfig
 from dustin_runtime.speculative import SpecHooks, speculative_generate
-from dustin_runtime.stats import DecodeStats
+from dustin_runtime.stats import DecodeStats, join_stats
 from dustin_runtime.tokenizer import check_same_vocab, encode, eos_ids, load_tokenizer
 from dustin_runtime.tp import TensorParallel
 
@@ -176,6 +176,42 @@ class DecodeOutput:
         }
 
 
+def batch_plan(target: LoadedModel, draft: LoadedModel | None, ids: list[list[int]], max_new: list[int], *,
+               gamma: int, exact: ExactConfig = ExactConfig()):
+    """batch -> the memory plan of decoding that many of these prompts together (`memory.plan_decode_batch`
+    at the longest prompt and the most new tokens)."""
+    from dustin_runtime.memory import plan_decode_batch
+
+    model = target.model
+    g = gamma if draft is not None else 0
+    rows = max(map(len, ids)) + max(max_new) + 2 * (g + 1) + 1 + (exact.rows(g) if draft is not None else 0)
+
+    def plan_at(b: int):
+        return plan_decode_batch(model.cfg, None if draft is None else draft.model.cfg, batch=b, rows=rows,
+                                 prompt=max(map(len, ids)), gamma=g, tp=1 if model.tp is None else model.tp.world,
+                                 dtype_bytes=model.dtype.itemsize)
+
+    return plan_at
+
+
+def batch_size(target: LoadedModel, draft: LoadedModel | None, ids: list[list[int]], max_new: list[int], *,
+               gamma: int, exact: ExactConfig = ExactConfig(), memory: int | None = None) -> int:
+    """How many prompts decode together: the largest batch whose plan (`batch_plan`) fits `memory`
+    bytes (default: what the device has free beside the loaded models; host memory on CPU); under
+    tensor parallelism every rank takes the smallest rank's."""
+    from dustin_runtime.memory import decode_batch_size, host_free_bytes, torch_device_name
+
+    model = target.model
+    cuda = model.device.type == "cuda"
+    if memory is None:
+        memory = int(torch.cuda.mem_get_info(model.device)[0]) if cuda else host_free_bytes()
+    size = decode_batch_size(batch_plan(target, draft, ids, max_new, gamma=gamma, exact=exact), len(ids), memory,
+                             torch_device_name(str(model.device)) if cuda else "the host")
+    if model.tp is not None:  # the same batches on every rank
+        size = -int(model.tp.all_reduce_(torch.tensor([-size], device=model.device), "max").item())
+    return size
+
+
 def decode(
     target: LoadedModel,
     draft: LoadedModel | None,
@@ -189,9 +225,12 @@ def decode(
     cuda_graphs: bool | None = None,
     lookup: LookupConfig | None = None,
     exact: ExactConfig = ExactConfig(),
+    memory: int | None = None,
 ) -> DecodeOutput:
     """Decode a batch of text prompts: autoregressive without a draft, speculative with one (the
-    steps as CUDA graphs on CUDA unless `cuda_graphs` is False)."""
+    steps as CUDA graphs on CUDA unless `cuda_graphs` is False). Prompts go through in consecutive
+    batches that fit `memory` bytes (`batch_size`); greedy output is the same whatever the split,
+    batch i samples with seed + i (one batch: `seed`, as before)."""
     if gamma < 1:
         raise DustinError(f"gamma (draft tokens per step) must be >= 1, got {gamma}")
     bad = [p.max_new_tokens for p in prompts if p.max_new_tokens < 1]
@@ -201,17 +240,22 @@ def decode(
     ids = [encode(tok, p.text, chat=chat) for p in prompts]
     max_new = [p.max_new_tokens for p in prompts]
     eos = eos_ids(tok, target.model.cfg.eos_token_ids)
-    if draft is None:
-        if hooks is not None:
-            raise DustinError("a verification policy needs a draft (--draft)")
-        res = generate(target.model, ids, max_new, sampling=sampling, eos_ids=eos, seed=seed,
-                       cuda_graphs=cuda_graphs)
-    else:
-        res = speculative_generate(
-            target.model, draft.model, ids, max_new, gamma=gamma, sampling=sampling,
-            eos_ids=eos, hooks=hooks, seed=seed, cuda_graphs=cuda_graphs, lookup=lookup, exact=exact,
-        )
-    texts = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
+    if draft is None and hooks is not None:
+        raise DustinError("a verification policy needs a draft (--draft)")
+    size = batch_size(target, draft, ids, max_new, gamma=gamma, exact=exact, memory=memory)
+    parts = []
+    for i, lo in enumerate(range(0, len(ids), size)):
+        part, new = ids[lo:lo + size], max_new[lo:lo + size]
+        if draft is None:
+            parts.append(generate(target.model, part, new, sampling=sampling, eos_ids=eos, seed=seed + i,
+                                  cuda_graphs=cuda_graphs))
+        else:
+            parts.append(speculative_generate(
+                target.model, draft.model, part, new, gamma=gamma, sampling=sampling, eos_ids=eos, hooks=hooks,
+                seed=seed + i, cuda_graphs=cuda_graphs, lookup=lookup, exact=exact))
+    tokens = [t for r in parts for t in r.tokens]
+    reasons = [f for r in parts for f in r.finish_reasons]
+    texts = [tok.decode(t, skip_special_tokens=True) for t in tokens]
     meta = {
         "target": target.model_id,
         "draft": draft.model_id if draft else None,
@@ -222,5 +266,7 @@ def decode(
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "draft_lookup": None if lookup is None else lookup.label(),
+        "batch_size": size,
+        "batches": len(parts),
     }
-    return DecodeOutput(ids, res.tokens, texts, res.finish_reasons, res.stats, meta)
+    return DecodeOutput(ids, tokens, texts, reasons, join_stats([r.stats for r in parts]), meta)

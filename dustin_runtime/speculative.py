@@ -33,6 +33,7 @@ from dustin_runtime.generate import (
     Bookkeeper,
     GenerationResult,
     cache_capacity,
+    check_finite,
     check_prompts,
     prefill,
     start_steps,
@@ -268,6 +269,9 @@ def speculative_generate(
             since = exact.k  # every sequence stopped inside the block: confirm now
         elif since < exact.k or not exact.on:
             for phase, fn in loop.phases.items():
+                if phase == "accept" and steps == 0:  # the first step's logits, once a call
+                    check_finite(loop.step["logits"], target, "the target")
+                    check_finite(loop.step["draft_logits"], draft, "the draft")
                 with timer.phase("other" if phase == "accept" else phase):
                     st.graphs.run(phase, fn)
             steps, since = steps + 1, since + exact.on
@@ -387,6 +391,8 @@ class _SpecLoop:
             drafted.append(nxt)
             tok = nxt.view(-1, 1)
         d = torch.stack(drafted, dim=1)  # [B, gamma] (under TP: this rank's rows, then all of them)
+        if not shadow:
+            self.step["draft_logits"] = logits  # [b, V] the last draft's (checked on the first step)
         if self.tp is not None:
             d = self.tp.gather_rows(d)
         return d, qs

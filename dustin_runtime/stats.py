@@ -103,3 +103,38 @@ class DecodeStats:
             accepted_per_sequence=self.accepted_per_sequence(),
         )
         return d
+
+
+def join_stats(parts: list[DecodeStats]) -> DecodeStats:
+    """The statistics of consecutive batches as one run's: sequences in order, steps and seconds
+    added, each batch's accepted rows beside -1 (finished) for the other batches' sequences; extra
+    statistics per sequence joined, the others kept where every batch has the same value and listed
+    per batch under "batches" where they differ."""
+    from dustin_runtime.sparse.measures import PER_SEQUENCE
+
+    if len(parts) == 1:
+        return parts[0]
+    first, total = parts[0], sum(p.batch for p in parts)
+    accepted, before = [], 0
+    for p in parts:
+        accepted += [[-1] * before + row + [-1] * (total - before - p.batch) for row in p.accepted]
+        before += p.batch
+    seconds: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.seconds.items():
+            seconds[k] = seconds.get(k, 0.0) + v
+    extra, differ = {}, {}
+    for k in first.extra:
+        values = [p.extra.get(k) for p in parts]
+        if k.endswith(PER_SEQUENCE):
+            extra[k] = [x for v in values for x in (v or [])]
+        elif all(v == values[0] for v in values):
+            extra[k] = values[0]
+        else:
+            differ[k] = values
+    if differ:
+        extra["batches"] = [{k: v[i] for k, v in differ.items()} for i in range(len(parts))]
+    return DecodeStats(mode=first.mode, batch=total, prompt_tokens=[t for p in parts for t in p.prompt_tokens],
+                       new_tokens=[t for p in parts for t in p.new_tokens], steps=sum(p.steps for p in parts),
+                       gamma=first.gamma, seconds=seconds, accepted=accepted, policy=first.policy, extra=extra,
+                       cuda_graphs=all(p.cuda_graphs for p in parts), accept_source=first.accept_source)

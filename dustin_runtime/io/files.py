@@ -398,11 +398,12 @@ def _check_resume_key(path: str | Path, key: dict, records: tuple[Path, ...], *,
             raise DustinError(f"--restart would delete files git tracks in {where} ({kept[0]}); write to a "
                               "folder of your own instead (runs/ is git-ignored), or remove them with git")
     old = None if restart else read_json(path, "resume key")
+    old = old if isinstance(old, dict) else None  # a key that is not an object is no key
     if old is None and present and not restart:
         raise DustinError(f"{where} holds records without a resume key ({present[0].name}; made by an older "
                           "dustin or half-written), so their settings are unknown; pass --restart to discard them")
     if old is not None:
-        diff = _differences(old if isinstance(old, dict) else {}, key)
+        diff = _differences(old, key)
         changed = [(k.removeprefix("inputs."), a, b) for k, a, b in diff if k.startswith("inputs.")]
         if changed:
             name, a, b = changed[0]

@@ -31,6 +31,15 @@ def bad_checkpoint(root, name, target, *, config=None, weights=None, tokenizer=T
     return folder
 
 
+def damaged(model, name: str, change) -> bytes:
+    """`model`'s safetensors bytes with tensor `name` changed in place by `change`."""
+    from safetensors.torch import load_file, save
+
+    tensors = load_file(model / "model.safetensors")
+    change(tensors[name])
+    return save(tensors, metadata={"format": "pt"})
+
+
 def theta(cfg: dict, v: float) -> dict:
     """`cfg` with rope_theta `v` wherever it is kept (top level, rope_parameters)."""
     rp = cfg.get("rope_parameters")
@@ -63,6 +72,9 @@ def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
         "cfg_untied": {**cfg, "tie_word_embeddings": False},  # the tiny target's weights hold no lm_head
     }.items():
         bad_checkpoint(x, name, t, config=config)
+    for name, model, change in (("w_nan", t, lambda w: w.fill_(float("nan"))), ("w_huge", t, lambda w: w.mul_(3e38)),
+                                ("w_draft_nan", d, lambda w: w.fill_(float("nan")))):
+        bad_checkpoint(x, name, model, weights=damaged(model, "model.norm.weight", change))
     bad_checkpoint(x, "st_trunc", t, weights=weights[: len(weights) // 2])
     bad_checkpoint(x, "st_empty", t, weights=b"")
     bad_checkpoint(x, "st_none", t, weights=False)
@@ -141,6 +153,10 @@ def S(tmp_path_factory, small_models, tiny_gguf, write_profile):
     meta_work.mkdir()
     (meta_work / "meta.json").write_text("")  # what a kill during its (old, non-atomic) write left
     (meta_work / "w000.pt").write_bytes(b"a window")
+    list_work = x / "resumed_list.work"
+    list_work.mkdir()
+    (list_work / "meta.json").write_text("[1, 2]")  # a key that is not an object
+    (list_work / "w000.pt").write_bytes(b"a window")
     return {k: str(v) for k, v in s.items()}
 
 
@@ -218,6 +234,14 @@ CASES = {
     "config-eps-nan": (["decode", "--target", "{X}/cfg_eps_nan", "--prompt", "hi"], ["rms_norm_eps", "nan"]),
     "config-untied-no-head": (["decode", "--target", "{X}/cfg_untied", "--prompt", "hi"],
                               ["tie_word_embeddings is false", "no lm_head.weight"]),
+    "weights-nan": (["decode", "--target", "{X}/w_nan", "--prompt", "hi"], ["the model", "w_nan",
+                                                                              "logits are not finite (NaN/Inf) on the first step"]),
+    "weights-overflow": (["decode", "--target", "{X}/w_huge", "--prompt", "hi"], ["logits are not finite",
+                                                                                  "overflow float32"]),
+    "weights-nan-speculative": (["decode", "--target", "{X}/w_nan", "--draft", "{D}", "--prompt", "hi"],
+                                ["the target", "w_nan", "not finite"]),
+    "weights-nan-draft": (["decode", "--target", "{T}", "--draft", "{X}/w_draft_nan", "--prompt", "hi"],
+                          ["the draft", "w_draft_nan", "not finite"]),
     "config-layers-float": (["decode", "--target", "{X}/cfg_float_layers", "--prompt", "hi"], ["num_hidden_layers"]),
     "config-empty": (["decode", "--target", "{X}/cfg_empty", "--prompt", "hi"], ["config.json: unreadable"]),
     "config-not-json": (["decode", "--target", "{X}/cfg_notjson", "--prompt", "hi"], ["config.json: unreadable"]),
@@ -335,6 +359,8 @@ CASES = {
     "profile-dtype": ([*PROF, "--dtype", "fp8"], ["unknown dtype"]),
     "profile-empty-meta-with-windows": ([*PROF, "--out", "{X}/resumed.json"], ["records without a resume key",
                                                                                "--restart"]),
+    "profile-resume-key-not-object": ([*PROF, "--out", "{X}/resumed_list.json"], ["records without a resume key",
+                                                                                 "--restart"]),
     # profile show
     "show-missing": ([*SHOW, "{X}/none.json"], ["no such profile file", "dustin profile --target T --draft D"]),
     "show-dir": ([*SHOW, "{X}/dir.json"], ["no such profile file"]),
